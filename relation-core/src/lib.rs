@@ -1,0 +1,50 @@
+//! # relation-core
+//!
+//! Plainly correct references for every computation of the Relation family (spec:
+//! `RELATION.md`), written with Burn tensor operations so they run on any [`Device`] and are
+//! differentiable by Burn's autodiff. They are the specification, the test oracle and the fallback
+//! of every fast path in `relation-kernels`.
+//!
+//! | form | function |
+//! |---|---|
+//! | Self-Exchange Relation, materialized `R` (§1) | [`naive_parallel_relation`] |
+//! | factorized Self share / Exchange allocation (§1.1) | [`naive_factorized_relation`] |
+//! | Linear Relation, token loop (§3) | [`naive_recurrent_linear_relation`] |
+//! | Linear Relation, chunkwise parallel (§3) | [`naive_chunk_linear_relation`] |
+//! | Givens head mixing (§2) | [`givens_mix`] |
+//! | RoPE on P1/P2 (base 1e4, full head dim) | [`rope`] |
+//!
+//! ## Layout
+//!
+//! One layout everywhere: `[B, T, H, D]` = batch, tokens, heads, head dimension. Linear Relation
+//! states are `[B, H, D, D]` (key channel, value channel); per-row statistics are `[B, T, H]`.
+//! Every entry point checks its inputs and returns a [`RelationError`] that names the value and
+//! the limit, rather than panicking inside a matmul.
+//!
+//! [`Device`]: burn::tensor::Device
+
+pub mod check;
+pub mod error;
+pub mod givens;
+pub mod linear;
+pub mod relation;
+pub mod rope;
+pub mod testing;
+
+pub use error::{RelationError, Result};
+pub use givens::{GivensPairing, givens_mix};
+pub use linear::{
+    LinearRelationOutput, kda_log_gates, l2_normalize, naive_chunk_linear_relation,
+    naive_recurrent_linear_relation,
+};
+pub use relation::{
+    FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
+    naive_parallel_relation, naive_relation_weights, naive_self_relation,
+};
+pub use rope::{ROPE_BASE, rope};
+
+/// `tau_S` of the paper: the Self evidence is divided by 2 (fixed, not learned).
+pub const DEFAULT_TAU: f64 = 2.0;
+
+/// Initial count-calibration strength `lambda` of the paper (one learned scalar per layer).
+pub const DEFAULT_LAMBDA: f64 = 0.5;

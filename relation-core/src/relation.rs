@@ -1,0 +1,237 @@
+//! Self-Exchange Relation (spec §1): the materialized and the factorized references.
+//!
+//! One head, positions `i, j = 1..T` (one-based in the maths, zero-based in code):
+//!
+//! ```text
+//! U_ij = p1_i · p2_j / sqrt(D)                    evidence
+//! S_i  = sigmoid(U_ii / tau_S)                    Self (bounded)
+//! E_ij = SiLU(U_ij)                               Exchange (open positive tail)
+//! R_ij = S_i                  if j = i
+//!      = E_ij - lambda log i  if j < i            count calibration
+//!      = -inf                 if j > i            causal
+//! Y_i  = sum_j softmax(R_i)_j Ĩ_j
+//! ```
+//!
+//! The factorized form (spec §1.1) splits the softmax into the Self share `1 - g_i` and the
+//! Exchange allocation `pi_ij = softmax_{j<i}(E_ij)`:
+//!
+//! ```text
+//! L_i = logsumexp_{j<i} E_ij,   A_i = L_i - lambda log i,   g_i = sigmoid(A_i - S_i)
+//! Y_i = Ĩ_i + g_i (sum_{j<i} pi_ij Ĩ_j - Ĩ_i)
+//! ```
+//!
+//! Row 1 has no history: `g_1 = 0` and `Y_1 = Ĩ_1` exactly; `L_1 = A_1 = -inf`.
+//!
+//! Both references materialize `T x T` matrices: they are the specification and the test oracle,
+//! not the fast path (that is `relation-kernels`' FlashRelation).
+//!
+//! # Shapes
+//!
+//! Every function here takes `p1`, `p2`, `info` (Ĩ, already Givens-mixed) as `[B, T, H, D]`
+//! and `lambda` as a one-element `[1]` tensor (so it can be learned); outputs are `[B, T, H, D]`
+//! and per-row statistics `[B, T, H]`.
+
+use burn::tensor::{Bool, Int, Tensor, activation};
+
+use crate::check;
+use crate::error::Result;
+
+/// Per-row statistics of the factorized form, all `[B, T, H]`.
+///
+/// These are what the fused kernel's backward saves (spec §1.3).
+#[derive(Debug, Clone)]
+pub struct RelationStats {
+    /// `S_i = sigmoid(U_ii / tau_S)`, the Self relation.
+    pub self_score: Tensor<3>,
+    /// `L_i = logsumexp_{j<i} E_ij`, the Exchange log-mass before calibration (`-inf` on row 1).
+    pub exchange_lse: Tensor<3>,
+    /// `A_i = L_i - lambda log i`, the calibrated Exchange log-mass (`-inf` on row 1).
+    pub log_mass: Tensor<3>,
+    /// `g_i = sigmoid(A_i - S_i)`, the Exchange share; `F_ii = 1 - g_i` (`0` on row 1).
+    pub exchange_share: Tensor<3>,
+}
+
+/// Output of [`naive_factorized_relation`].
+#[derive(Debug, Clone)]
+pub struct FactorizedRelation {
+    /// `Y`, `[B, T, H, D]`.
+    pub y: Tensor<4>,
+    /// Per-row statistics.
+    pub stats: RelationStats,
+}
+
+/// `[B, T, H, D]` -> `[B, H, T, D]`: heads become a batch dimension for the `T x T` matmuls.
+fn heads_first(x: Tensor<4>) -> Tensor<4> {
+    x.swap_dims(1, 2)
+}
+
+/// Evidence `U = p1 p2^T / sqrt(D)` per head.
+///
+/// # Shapes
+/// - `p1`, `p2`: `[B, T, H, D]`
+/// - output: `[B, H, T, T]`, `U[b, h, i, j] = p1_i · p2_j / sqrt(D)`
+pub fn naive_evidence(p1: Tensor<4>, p2: Tensor<4>) -> Tensor<4> {
+    let head_dim = p1.dims()[3];
+    let q = heads_first(p1); // [B, H, T, D]
+    let k = heads_first(p2); // [B, H, T, D]
+    q.matmul(k.swap_dims(2, 3)) / (head_dim as f64).sqrt()
+}
+
+/// Self relation `S_i = sigmoid(p1_i · p2_i / (tau_S sqrt(D)))`, without building `U`.
+///
+/// # Shapes
+/// - `p1`, `p2`: `[B, T, H, D]`
+/// - output: `[B, T, H]`
+pub fn naive_self_relation(p1: Tensor<4>, p2: Tensor<4>, tau_s: f64) -> Result<Tensor<3>> {
+    let dims = check::bthd("p1", &p1)?;
+    check::same_bthd("p2", &p2, "p1", &dims)?;
+    check::tau(tau_s)?;
+    let scale = 1.0 / ((dims.head_dim as f64).sqrt() * tau_s);
+    let diag = (p1 * p2).sum_dim(3) * scale; // [B, T, H, 1]
+    Ok(activation::sigmoid(diag).squeeze_dim::<3>(3))
+}
+
+/// `log i` for one-based rows `i = 1..T`, shaped to broadcast over `[B, H, T, T]` rows.
+///
+/// # Shapes
+/// - output: `[1, 1, T, 1]`
+fn log_row_index(seq: usize, like: &Tensor<4>) -> Tensor<4> {
+    let rows = Tensor::<1, Int>::arange(1..seq as i64 + 1, &like.device());
+    rows.float().cast(like.dtype()).log().reshape([1, 1, seq, 1])
+}
+
+/// Mask that is `true` strictly below the diagonal (`j < i`), for `[B, H, T, T]`.
+fn strictly_lower(seq: usize, like: &Tensor<4>) -> Tensor<4, Bool> {
+    // tril_mask marks the *outside* of the lower triangle; offset -1 excludes the diagonal.
+    let outside = Tensor::<2, Bool>::tril_mask([seq, seq], -1, &like.device());
+    outside.bool_not().reshape([1, 1, seq, seq])
+}
+
+/// Mask that is `true` on row 1 only (the row without history), shaped `[1, 1, T, 1]`.
+fn first_row(seq: usize, like: &Tensor<4>) -> Tensor<4, Bool> {
+    Tensor::<1, Int>::arange(0..seq as i64, &like.device())
+        .equal_elem(0)
+        .reshape([1, 1, seq, 1])
+}
+
+/// The relation weights `F = softmax(R)` of the materialized form.
+///
+/// # Shapes
+/// - `p1`, `p2`: `[B, T, H, D]`; `lambda`: `[1]`
+/// - output: `[B, H, T, T]`, rows sum to 1, zero above the diagonal
+pub fn naive_relation_weights(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    lambda: Tensor<1>,
+    tau_s: f64,
+) -> Result<Tensor<4>> {
+    let dims = check::bthd("p1", &p1)?;
+    check::same_bthd("p2", &p2, "p1", &dims)?;
+    check::exact_shape("lambda", &lambda, "[1]", [1])?;
+    check::tau(tau_s)?;
+    let [b, t, h, _] = dims.dims();
+
+    let self_score = naive_self_relation(p1.clone(), p2.clone(), tau_s)?; // [B, T, H]
+    let self_score = self_score.swap_dims(1, 2).reshape([b, h, t, 1]); // [B, H, T, 1]
+    let u = naive_evidence(p1, p2); // [B, H, T, T]
+
+    let calibration = lambda.reshape([1, 1, 1, 1]) * log_row_index(t, &u); // [1, 1, T, 1]
+    let exchange = activation::silu(u) - calibration; // [B, H, T, T]
+
+    let lower = strictly_lower(t, &exchange).expand([b, h, t, t]);
+    let diagonal = Tensor::<2, Bool>::diag_mask([t, t], 0, &exchange.device())
+        .bool_not()
+        .reshape([1, 1, t, t])
+        .expand([b, h, t, t]);
+    // R: Exchange below the diagonal, Self on it, -inf above (every row keeps a finite entry).
+    let relation = exchange
+        .mask_fill(lower.bool_not(), f64::NEG_INFINITY)
+        .mask_where(diagonal, self_score.expand([b, h, t, t]));
+    Ok(activation::softmax(relation, 3))
+}
+
+/// Materialized Self-Exchange Relation (spec §1): build `R`, softmax, multiply by Ĩ.
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`: `[B, T, H, D]` (`p1`/`p2` after RoPE, `info` after Givens mixing)
+/// - `lambda`: `[1]`
+/// - output `Y`: `[B, T, H, D]`
+///
+/// # Errors
+/// Mismatched shapes or devices, empty dimensions, `lambda` not `[1]`, `tau_s` not finite and
+/// positive.
+pub fn naive_parallel_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau_s: f64,
+) -> Result<Tensor<4>> {
+    check::relation_inputs(&p1, &p2, &info, tau_s)?;
+    let weights = naive_relation_weights(p1, p2, lambda, tau_s)?; // [B, H, T, T]
+    let y = weights.matmul(heads_first(info)); // [B, H, T, D]
+    Ok(y.swap_dims(1, 2)) // [B, T, H, D]
+}
+
+/// Factorized Self-Exchange Relation (spec §1.1): Self share and Exchange allocation apart.
+///
+/// Returns `Y` and the per-row statistics `(S, L, A, g)` that the fused kernel saves for its
+/// backward pass. Numerically stable for large `|U|`: the Exchange log-sum-exp subtracts the row
+/// maximum (detached, as it cancels), and row 1, whose Exchange set is empty, is handled by masks
+/// rather than by `log 0` so that gradients stay finite.
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`: `[B, T, H, D]`; `lambda`: `[1]`
+/// - output `y`: `[B, T, H, D]`; statistics: `[B, T, H]`
+///
+/// # Errors
+/// As [`naive_parallel_relation`].
+pub fn naive_factorized_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau_s: f64,
+) -> Result<FactorizedRelation> {
+    let dims = check::relation_inputs(&p1, &p2, &info, tau_s)?;
+    check::exact_shape("lambda", &lambda, "[1]", [1])?;
+    let [b, t, h, _] = dims.dims();
+
+    let self_score = naive_self_relation(p1.clone(), p2.clone(), tau_s)?; // [B, T, H]
+    let s = self_score.clone().swap_dims(1, 2).reshape([b, h, t, 1]); // [B, H, T, 1]
+    let e = activation::silu(naive_evidence(p1, p2)); // [B, H, T, T]
+
+    let history = strictly_lower(t, &e).expand([b, h, t, t]);
+    let row1 = first_row(t, &e); // [1, 1, T, 1]
+    let e = e.mask_fill(history.bool_not(), f64::NEG_INFINITY);
+
+    // Online-softmax statistics written out in full: m = max, l = sum exp(E - m).
+    let m = e.clone().detach().max_dim(3); // [B, H, T, 1], -inf on row 1
+    let m = m.mask_fill(row1.clone().expand([b, h, t, 1]), 0.0);
+    let w = (e - m.clone()).exp(); // [B, H, T, T], 0 off the history
+    let l = w.clone().sum_dim(3); // [B, H, T, 1], 0 on row 1
+    // Row 1: l = 0. Use 1 there so log/div stay finite; its g is forced to 0 below.
+    let l = l + row1.clone().float().cast(w.dtype()); // [B, H, T, 1]
+    let lse = m + l.clone().log(); // [B, H, T, 1]
+    let allocation = w / l; // pi, [B, H, T, T]
+    let info_h = heads_first(info); // [B, H, T, D]
+    let ibar = allocation.matmul(info_h.clone()); // [B, H, T, D]
+
+    let log_mass = lse.clone() - lambda.reshape([1, 1, 1, 1]) * log_row_index(t, &s);
+    let share = activation::sigmoid(log_mass.clone() - s) // [B, H, T, 1]
+        .mask_fill(row1.clone().expand([b, h, t, 1]), 0.0);
+    let y = info_h.clone() + share.clone() * (ibar - info_h); // [B, H, T, D]
+
+    // [B, H, T, 1] -> [B, T, H]
+    let per_row = |x: Tensor<4>| x.reshape([b, h, t]).swap_dims(1, 2);
+    let no_history = row1.expand([b, h, t, 1]);
+    Ok(FactorizedRelation {
+        y: y.swap_dims(1, 2),
+        stats: RelationStats {
+            self_score,
+            exchange_lse: per_row(lse.mask_fill(no_history.clone(), f64::NEG_INFINITY)),
+            log_mass: per_row(log_mass.mask_fill(no_history, f64::NEG_INFINITY)),
+            exchange_share: per_row(share),
+        },
+    })
+}

@@ -1,0 +1,57 @@
+//! Rotary position embedding (RoPE) over the full head dimension, applied to `P1` and `P2` only.
+//!
+//! Half-split convention: channel `k < D/2` is paired with channel `k + D/2` and the pair is
+//! rotated by `(offset + t) * base^(-2k / D)` at position `t`:
+//!
+//! ```text
+//! x'_k       = x_k cos φ - x_{k+D/2} sin φ
+//! x'_{k+D/2} = x_{k+D/2} cos φ + x_k sin φ
+//! ```
+//!
+//! so that `rope(q, m) · rope(k, n)` depends on `m - n` only. Information `I` is never rotated.
+
+use burn::tensor::{Tensor, TensorData};
+
+use crate::check;
+use crate::error::{RelationError, Result};
+
+/// The RoPE base of the paper.
+pub const ROPE_BASE: f64 = 1e4;
+
+/// Applies RoPE to `x`, whose first token sits at absolute position `offset`.
+///
+/// The rotation angles are computed on the host in f64 and uploaded in `x`'s dtype.
+///
+/// # Shapes
+/// - `x`: `[B, T, H, D]`, output: same
+///
+/// # Errors
+/// Odd `D`, a base that is not finite and > 1, empty dimensions.
+pub fn rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
+    let dims = check::bthd("x", &x)?;
+    let [_, t, _, d] = dims.dims();
+    if d % 2 == 1 {
+        return Err(RelationError::OddHeadDim { head_dim: d });
+    }
+    if !(base.is_finite() && base > 1.0) {
+        return Err(RelationError::InvalidRopeBase { base });
+    }
+    let half = d / 2;
+    let mut cos = Vec::with_capacity(t * half);
+    let mut sin = Vec::with_capacity(t * half);
+    for pos in offset..offset + t {
+        for k in 0..half {
+            let phase = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
+            cos.push(phase.cos());
+            sin.push(phase.sin());
+        }
+    }
+    let options = (&x.device(), x.dtype());
+    let cos = Tensor::<4>::from_data(TensorData::new(cos, [1, t, 1, half]), options);
+    let sin = Tensor::<4>::from_data(TensorData::new(sin, [1, t, 1, half]), options);
+    let low = x.clone().narrow(3, 0, half); // [B, T, H, D/2]
+    let high = x.narrow(3, half, half); // [B, T, H, D/2]
+    let rotated_low = low.clone() * cos.clone() - high.clone() * sin.clone();
+    let rotated_high = high * cos + low * sin;
+    Ok(Tensor::cat(vec![rotated_low, rotated_high], 3))
+}

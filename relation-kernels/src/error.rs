@@ -1,0 +1,33 @@
+//! Errors of the kernel entry points.
+
+use relation_core::RelationError;
+use thiserror::Error;
+
+/// Why a kernel entry point refused its inputs.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum KernelError {
+    /// The inputs break a rule of the computation itself (shape, head count, tau…).
+    #[error(transparent)]
+    Invalid(#[from] RelationError),
+    /// [`Strategy::Fused`](crate::Strategy::Fused) was asked for on a device without CubeCL.
+    #[error("no fused `{op}` kernel on device {device}: it needs a CubeCL device (wgpu, vulkan, metal, cuda, rocm, cpu); use Strategy::Auto or Strategy::Reference")]
+    FusedUnavailable {
+        /// The operation.
+        op: &'static str,
+        /// The device that was passed.
+        device: String,
+    },
+    /// The head dimension is larger than the kernel supports.
+    #[error("`{op}` kernel supports head dims up to {max}, got D = {head_dim}")]
+    HeadDimTooLarge {
+        /// The operation.
+        op: &'static str,
+        /// The head dimension that was passed.
+        head_dim: usize,
+        /// The largest supported head dimension.
+        max: usize,
+    },
+}
+
+/// Result alias of this crate.
+pub type Result<T> = core::result::Result<T, KernelError>;

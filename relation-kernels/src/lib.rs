@@ -1,0 +1,49 @@
+//! # relation-kernels
+//!
+//! Fast paths for the Relation family, written once in CubeCL so they serve every CubeCL runtime
+//! (wgpu/WGSL, Vulkan/SPIR-V, Metal, CUDA, ROCm, the CubeCL CPU runtime), behind a Burn backend
+//! extension ([`RelationOps`]). Devices without CubeCL (Flex, NdArray) run the `relation-core`
+//! reference of the same computation, so every function here works on every [`Device`], with and
+//! without autodiff.
+//!
+//! Each operation takes a [`Strategy`]: [`Strategy::Auto`] picks the fused kernel where one
+//! exists for the device and the reference elsewhere; tests force one or the other.
+//!
+//! | operation | reference (`relation-core`) | kernel |
+//! |---|---|---|
+//! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `cube::self_relation` |
+//!
+//! [`Device`]: burn::tensor::Device
+
+mod autodiff;
+#[cfg(feature = "cube")]
+pub mod cube;
+mod error;
+mod ops;
+mod self_relation;
+mod strategy;
+
+pub use error::{KernelError, Result};
+pub use ops::RelationOps;
+pub use self_relation::self_relation;
+pub use strategy::{Strategy, is_cube};
+
+/// Number of fused-kernel launches so far in this process, per kernel family.
+///
+/// Diagnostics for tests and benchmarks: they prove that a fused path really ran rather than a
+/// silent fallback.
+pub mod launches {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    pub(crate) static SELF_RELATION: AtomicUsize = AtomicUsize::new(0);
+
+    /// Launches of the `self_relation` kernel.
+    pub fn self_relation() -> usize {
+        SELF_RELATION.load(Ordering::SeqCst)
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn record(counter: &AtomicUsize) {
+        counter.fetch_add(1, Ordering::SeqCst);
+    }
+}

@@ -1,0 +1,60 @@
+//! CI smoke test: a CubeCL kernel launched through Burn on `Device::wgpu`, checked for its
+//! numbers and gradients. Fails (never skips) when no wgpu adapter exists.
+
+use burn::tensor::{DType, Device, DeviceKind, Tensor};
+use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use relation_core::{DEFAULT_TAU, naive_self_relation};
+use relation_kernels::{Strategy, is_cube, launches, self_relation};
+
+fn wgpu() -> Device {
+    let device = Device::wgpu(DeviceKind::DefaultDevice);
+    let identity = device.identity().expect(
+        "no wgpu adapter: install a Vulkan driver (Debian: mesa-vulkan-drivers for the software \
+         one) — kernel tests must not be skipped",
+    );
+    eprintln!("wgpu adapter: {identity:?}");
+    assert!(is_cube(&device), "Device::wgpu must be a CubeCL device");
+    device
+}
+
+#[test]
+fn self_relation_kernel_matches_reference() {
+    let device = wgpu();
+    let flex = Device::flex();
+    for (dims, seed) in [([2, 37, 4, 60], 1), ([1, 1, 8, 48], 3), ([3, 5, 2, 80], 5)] {
+        // A non-contiguous p1 ([B, H, T, D] swapped) exercises the kernel's contiguity handling.
+        let [b, t, h, d] = dims;
+        let p1 = uniform([b, h, t, d], seed, 1.5, &device, DType::F32).swap_dims(1, 2);
+        let p2 = uniform(dims, seed + 1, 1.5, &device, DType::F32);
+        let before = launches::self_relation();
+        let fused = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, Strategy::Fused).unwrap();
+        let values = fused.to_data(); // synchronises
+        assert!(launches::self_relation() > before, "the kernel did not launch");
+        let expected =
+            naive_self_relation(p1.to_device(&flex), p2.to_device(&flex), DEFAULT_TAU).unwrap();
+        assert_close(
+            &format!("self_relation {dims:?}"),
+            &Tensor::<3>::from_data(values, &flex),
+            &expected,
+            tolerance(DType::F32, Check::Forward),
+        );
+    }
+}
+
+#[test]
+fn self_relation_kernel_gradients_match_reference() {
+    let device = wgpu().autodiff();
+    let tol = tolerance(DType::F32, Check::Gradient);
+    let p1 = uniform([2, 9, 2, 48], 7, 1.5, &device, DType::F32).require_grad();
+    let p2 = uniform([2, 9, 2, 48], 8, 1.5, &device, DType::F32).require_grad();
+    let weights = uniform([2, 9, 2], 9, 1.0, &device, DType::F32);
+    let grads_of = |strategy| {
+        let s = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, strategy).unwrap();
+        let grads = (s * weights.clone()).sum().backward();
+        (p1.grad(&grads).unwrap(), p2.grad(&grads).unwrap())
+    };
+    let (fused_p1, fused_p2) = grads_of(Strategy::Fused);
+    let (ref_p1, ref_p2) = grads_of(Strategy::Reference);
+    assert_close("dS/dp1", &fused_p1, &ref_p1, tol);
+    assert_close("dS/dp2", &fused_p2, &ref_p2, tol);
+}
