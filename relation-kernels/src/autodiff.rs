@@ -59,4 +59,114 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
             }
         }
     }
+
+    fn flash_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> FloatTensor<Self> {
+        /// Fused backward: saves only `O(T D)` state (`Ī` and three f32 statistics per row)
+        /// and recomputes `U`, `E`, `pi` tile by tile.
+        #[derive(Debug)]
+        struct FlashRelationBackward;
+
+        impl<B: RelationOps> Backward<B, 4> for FlashRelationBackward {
+            // p1, p2, info, lambda (checkpointed), Ī, stats, scale, 1 / tau.
+            type State = (NodeId, NodeId, NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f32, f32);
+
+            fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+                let [node_p1, node_p2, node_info, node_lambda] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                let (p1_id, p2_id, info_id, lambda_id, ibar, stats, scale, inv_tau) = ops.state;
+                let p1: FloatTensor<B> = checkpointer.retrieve_node_output(p1_id);
+                let p2: FloatTensor<B> = checkpointer.retrieve_node_output(p2_id);
+                let info: FloatTensor<B> = checkpointer.retrieve_node_output(info_id);
+                let lambda: FloatTensor<B> = checkpointer.retrieve_node_output(lambda_id);
+                let (dp1, dp2, dinfo, dlambda) =
+                    B::flash_relation_bwd(p1, p2, info, lambda, ibar, stats, dy, scale, inv_tau);
+                for (node, grad) in [(node_p1, dp1), (node_p2, dp2), (node_info, dinfo), (node_lambda, dlambda)] {
+                    if let Some(node) = node {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        let guards = [p1.node(), p2.node(), info.node(), lambda.node()];
+        match FlashRelationBackward.prepare::<C>(guards).compute_bound().stateful() {
+            OpsKind::Tracked(mut prep) => {
+                let ids = (
+                    prep.checkpoint(&p1),
+                    prep.checkpoint(&p2),
+                    prep.checkpoint(&info),
+                    prep.checkpoint(&lambda),
+                );
+                let (y, ibar, stats) = B::flash_relation_fwd(
+                    p1.into_primitive(),
+                    p2.into_primitive(),
+                    info.into_primitive(),
+                    lambda.into_primitive(),
+                    scale,
+                    inv_tau,
+                );
+                prep.finish((ids.0, ids.1, ids.2, ids.3, ibar, stats, scale, inv_tau), y)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::flash_relation(
+                p1.into_primitive(),
+                p2.into_primitive(),
+                info.into_primitive(),
+                lambda.into_primitive(),
+                scale,
+                inv_tau,
+            )),
+        }
+    }
+
+    fn flash_relation_fwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        // Not differentiable on its own: the outputs are constants of the graph.
+        let (y, ibar, stats) = B::flash_relation_fwd(
+            p1.into_primitive(),
+            p2.into_primitive(),
+            info.into_primitive(),
+            lambda.into_primitive(),
+            scale,
+            inv_tau,
+        );
+        (FloatTensor::<Self>::new(y), FloatTensor::<Self>::new(ibar), FloatTensor::<Self>::new(stats))
+    }
+
+    fn flash_relation_bwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        ibar: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let (a, b, c, d) = B::flash_relation_bwd(
+            p1.into_primitive(),
+            p2.into_primitive(),
+            info.into_primitive(),
+            lambda.into_primitive(),
+            ibar.into_primitive(),
+            stats.into_primitive(),
+            dy.into_primitive(),
+            scale,
+            inv_tau,
+        );
+        (FloatTensor::<Self>::new(a), FloatTensor::<Self>::new(b), FloatTensor::<Self>::new(c), FloatTensor::<Self>::new(d))
+    }
 }

@@ -12,6 +12,7 @@
 //! | operation | reference (`relation-core`) | kernel |
 //! |---|---|---|
 //! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `cube::self_relation` |
+//! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `cube::flash_relation` |
 //!
 //! [`Device`]: burn::tensor::Device
 
@@ -19,11 +20,13 @@ mod autodiff;
 #[cfg(feature = "cube")]
 pub mod cube;
 mod error;
+mod flash_relation;
 mod ops;
 mod self_relation;
 mod strategy;
 
 pub use error::{KernelError, Result};
+pub use flash_relation::{MAX_HEAD_DIM, flash_relation, flash_relation_with_stats};
 pub use ops::RelationOps;
 pub use self_relation::self_relation;
 pub use strategy::{Strategy, is_cube};
@@ -36,14 +39,38 @@ pub mod launches {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     pub(crate) static SELF_RELATION: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static FLASH_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static FLASH_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
 
     /// Launches of the `self_relation` kernel.
     pub fn self_relation() -> usize {
         SELF_RELATION.load(Ordering::SeqCst)
     }
 
+    /// Launches of the FlashRelation forward kernel.
+    pub fn flash_relation_forward() -> usize {
+        FLASH_RELATION_FWD.load(Ordering::SeqCst)
+    }
+
+    /// Launches of the FlashRelation backward kernels (counted once per backward pass).
+    pub fn flash_relation_backward() -> usize {
+        FLASH_RELATION_BWD.load(Ordering::SeqCst)
+    }
+
     #[allow(dead_code)]
     pub(crate) fn record(counter: &AtomicUsize) {
         counter.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Debugging switches for tests.
+pub mod debug {
+    /// Fill every kernel output with NaN before launch, so that memory a kernel forgets to write
+    /// shows up as NaN in comparisons. Process-wide; costs one fill kernel per output.
+    pub fn poison_outputs(enabled: bool) {
+        #[cfg(feature = "cube")]
+        crate::cube::POISON.store(enabled, std::sync::atomic::Ordering::Relaxed);
+        #[cfg(not(feature = "cube"))]
+        let _ = enabled;
     }
 }

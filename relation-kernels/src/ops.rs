@@ -5,9 +5,11 @@ use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
 /// Relation operations that have a fused kernel.
 ///
-/// Not called directly: use the Tensor-level functions of this crate ([`crate::self_relation`]),
-/// which check inputs, pick a [`Strategy`](crate::Strategy), and route non-CubeCL devices to the
-/// reference.
+/// Not called directly: use the Tensor-level functions of this crate ([`crate::self_relation`],
+/// [`crate::flash_relation`]), which check inputs, pick a [`Strategy`](crate::Strategy), and
+/// route non-CubeCL devices to the reference.
+///
+/// Every method takes the layout `[B, T, H, D]`; `scale = 1 / sqrt(D)`, `inv_tau = 1 / tau_S`.
 #[backend_extension(
     Cube: cfg(feature = "cube"),
     Fusion: cfg(feature = "cube"),
@@ -21,10 +23,66 @@ pub trait RelationOps: Backend {
     /// - output: `[B, T, H]`
     #[fusion(dtype = p1, shape = row_shape(p1))]
     fn self_relation(p1: FloatTensor<Self>, p2: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
+
+    /// FlashRelation forward, differentiable (the Autodiff implementation saves what the fused
+    /// backward needs).
+    ///
+    /// # Shapes
+    /// - `p1`, `p2`, `info`: `[B, T, H, D]`; `lambda`: `[1]`
+    /// - output `Y`: `[B, T, H, D]`
+    #[fusion(dtype = p1, shape = p1)]
+    fn flash_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> FloatTensor<Self>;
+
+    /// FlashRelation forward that also returns what the backward needs: `(Y, Ī, stats)` with
+    /// `stats` `[B, T, H, 3]` in f32 holding `(L, S, g)` per row (`L_1` is a large negative
+    /// sentinel). Not differentiable.
+    #[fusion(meta = |p1, _p2, _info, _lambda, _scale, _inv_tau| (p1.clone(), p1.clone(), stats_spec(p1)))]
+    fn flash_relation_fwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+
+    /// FlashRelation backward: `(dp1, dp2, dinfo, dlambda)` from the saved `(Ī, stats)` and `dY`.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = |p1, p2, info, lambda, _ibar, _stats, _dy, _scale, _inv_tau| (p1.clone(), p2.clone(), info.clone(), lambda.clone()))]
+    fn flash_relation_bwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        ibar: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 }
 
 /// `[B, T, H, D]` -> `[B, T, H]`: the shape of per-row outputs.
 #[cfg(feature = "cube")]
 fn row_shape(x: &burn::tensor::Shape) -> burn::tensor::Shape {
     burn::tensor::Shape::new([x[0], x[1], x[2]])
+}
+
+/// `[B, T, H, 3]` f32: the forward statistics of FlashRelation.
+#[cfg(feature = "cube")]
+fn stats_spec(
+    p1: &burn::backend::fusion::custom::TensorSpec,
+) -> burn::backend::fusion::custom::TensorSpec {
+    let s = &p1.shape;
+    burn::backend::fusion::custom::TensorSpec::new(
+        burn::tensor::Shape::new([s[0], s[1], s[2], 3]),
+        burn::tensor::DType::F32,
+    )
 }

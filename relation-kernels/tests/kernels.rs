@@ -6,4 +6,6 @@
 mod strategy;
 
 #[cfg(feature = "wgpu")]
+mod flash_relation;
+#[cfg(feature = "wgpu")]
 mod wgpu_smoke;

@@ -1,34 +1,146 @@
 //! CubeCL kernels and the [`RelationOps`](crate::RelationOps) implementation for
 //! [`CubeBackend`](burn_cubecl::CubeBackend), which serves every CubeCL runtime at once.
 //!
-//! Kernels keep a path without plane (warp) operations, which software Vulkan lacks, and use at
-//! most 8 storage buffers each (wgpu's per-stage limit).
+//! Kernels keep a path without plane (warp) operations, which software Vulkan lacks, use at
+//! most 8 storage buffers each (wgpu's per-stage limit), and size their tiles from the client's
+//! reported limits rather than from a hard-coded warp size.
 
+mod flash_relation;
 mod self_relation;
 
-use burn::backend::tensor::FloatTensor;
-use burn::tensor::Shape;
+use burn::backend::{cubecl::dtype_to_storage_type, ops::FloatTensorOps, tensor::FloatTensor};
+use burn::tensor::{DType, Shape, Slice};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
+use cubecl::{calculate_cube_count_elemwise, client::Client, prelude::*};
 
 use crate::RelationOps;
 
-/// A contiguous, uninitialised tensor on `like`'s device, with `like`'s dtype.
+
+/// Tile sizes of the row-per-unit kernels, from the device's limits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Tiling {
+    /// Units per cube = query rows (or key columns) per cube.
+    pub block_q: usize,
+    /// Rows per shared-memory tile.
+    pub block_k: usize,
+}
+
+impl Tiling {
+    /// Tiles for head dim `head_dim` with `tiles` f32 tiles of `block_k x head_dim` in shared
+    /// memory at once.
+    pub fn new(client: &Client, head_dim: usize, tiles: usize) -> Self {
+        let hardware = &client.properties().hardware;
+        let block_q = prev_power_of_two((hardware.max_units_per_cube as usize).min(64)).max(1);
+        // Leave room for the small per-row tiles and the runtime's own reservations.
+        let budget = hardware.max_shared_memory_size.saturating_sub(1024);
+        let block_k = [64, 32, 16, 8, 4, 2, 1]
+            .into_iter()
+            .find(|&bk| tiles * bk * head_dim * 4 + 8 * bk <= budget)
+            .unwrap_or(1);
+        Self { block_q, block_k }
+    }
+}
+
+fn prev_power_of_two(x: usize) -> usize {
+    if x == 0 { 0 } else { 1 << (usize::BITS - 1 - x.leading_zeros()) }
+}
+
+/// Whether kernel outputs are filled with NaN before launch (tests), see [`crate::debug`].
+pub(crate) static POISON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[cube(launch)]
+fn fill_kernel<F: Float>(out: &mut Tensor<F>, value: f32, #[define(F)] _dtype: ElemType) {
+    if ABSOLUTE_POS < out.len() {
+        out[ABSOLUTE_POS] = F::cast_from(value);
+    }
+}
+
+/// A contiguous tensor on `like`'s device with the given dtype, uninitialised (or NaN-poisoned).
 ///
 /// Allocated as raw bytes so the strides are exactly row-major (the client's tensor allocator may
 /// pitch rows).
-pub(crate) fn empty_like(like: &CubeTensor, shape: Shape) -> CubeTensor {
-    let bytes = shape.num_elements() * like.dtype.size();
-    CubeTensor::new_contiguous(
+pub(crate) fn empty_like_dtype(like: &CubeTensor, shape: Shape, dtype: DType) -> CubeTensor {
+    let len = shape.num_elements();
+    let out = CubeTensor::new_contiguous(
         like.client.clone(),
         like.device.clone(),
         shape,
-        like.client.empty(bytes),
-        like.dtype,
-    )
+        like.client.empty(len * dtype.size()),
+        dtype,
+    );
+    if POISON.load(std::sync::atomic::Ordering::Relaxed) && len > 0 {
+        let cube_dim = CubeDim::new(&out.client, len);
+        fill_kernel::launch(
+            &out.client,
+            calculate_cube_count_elemwise(&out.client, len, cube_dim),
+            cube_dim,
+            out.clone().into_tensor_arg(),
+            f32::NAN,
+            dtype_to_storage_type(dtype),
+        );
+    }
+    out
+}
+
+/// [`empty_like_dtype`] with `like`'s dtype.
+pub(crate) fn empty_like(like: &CubeTensor, shape: Shape) -> CubeTensor {
+    empty_like_dtype(like, shape, like.dtype)
 }
 
 impl RelationOps for CubeBackend {
     fn self_relation(p1: FloatTensor<Self>, p2: FloatTensor<Self>, scale: f32) -> FloatTensor<Self> {
         self_relation::launch(p1, p2, scale)
+    }
+
+    fn flash_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> FloatTensor<Self> {
+        flash_relation::forward(p1, p2, info, lambda, scale, inv_tau, false).y
+    }
+
+    fn flash_relation_fwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let out = flash_relation::forward(p1, p2, info, lambda, scale, inv_tau, true);
+        (out.y, out.ibar, out.stats)
+    }
+
+    fn flash_relation_bwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        ibar: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let lambda_dtype = lambda.dtype;
+        let grads = flash_relation::backward(p1, p2, info, ibar, stats, dy, scale, inv_tau);
+        // dlambda = -sum_i dA_i log i: channel 5 of the per-row tensor, reduced by Burn.
+        let dims = grads.rows.meta.shape().clone();
+        let weighted = Self::float_slice(
+            grads.rows,
+            &[
+                Slice::from(0..dims[0]),
+                Slice::from(0..dims[1]),
+                Slice::from(0..dims[2]),
+                Slice::from(5..6),
+            ],
+        );
+        let dlambda = Self::float_neg(Self::float_reshape(Self::float_sum(weighted), Shape::new([1])));
+        let dlambda = Self::float_cast(dlambda, lambda_dtype.into());
+        (grads.p1, grads.p2, grads.info, dlambda)
     }
 }

@@ -1,0 +1,623 @@
+//! FlashRelation: the fused Self-Exchange Relation forward and backward (spec §1.2–§1.3).
+//!
+//! # Forward
+//!
+//! One cube per `(query block, b·h)`, one unit per query row `i` (no plane operations, so the
+//! same kernel runs on software Vulkan). The cube streams key tiles of `p2` and `Ĩ` through shared
+//! memory and each unit keeps the FlashAttention online-softmax state over the **Exchange part
+//! only** (`j < i`): running max `m`, normaliser `l`, accumulator `z`. Self is merged after the
+//! scan, so no `T x T` matrix exists anywhere:
+//!
+//! ```text
+//! L_i = m + log l,  Ī_i = z / l,  A_i = L_i - lambda log i,  S_i = sigmoid(U_ii / tau)
+//! g_i = sigmoid(A_i - S_i),  Y_i = Ĩ_i + g_i (Ī_i - Ĩ_i);   row 1: g = 0, Y = Ĩ
+//! ```
+//!
+//! `SiLU(u) >= -0.2785`, so `m` can start at 0 instead of `-inf` (WGSL has no `-inf` literal):
+//! with `m >= 0` every exponent `E - m` stays `<= 0.28` and `l >= e^{-0.28}` once a key is seen.
+//!
+//! # Backward (derivation)
+//!
+//! With `dY_i` given and `(L, S, g, Ī)` saved per row, write `Y_i = (1 - g_i) Ĩ_i + g_i Ī_i` and
+//! `Ī_i = sum_{j<i} pi_ij Ĩ_j`, `pi_ij = exp(E_ij - L_i)`:
+//!
+//! ```text
+//! dĪ_i  = g_i dY_i                        dg_i = dY_i · (Ī_i - Ĩ_i)
+//! dA_i  = dg_i g_i (1 - g_i)              dS_i = -dA_i          (g = sigmoid(A - S))
+//! dlambda = -sum_i dA_i log i             (A_i = L_i - lambda log i)
+//! ```
+//! `L_i` enters `Y` through `A_i` and through every `pi_ij`; the softmax Jacobian gives, for
+//! `j < i`, with `D_i = dĪ_i · Ī_i` (FlashAttention-2's `rowsum(dO ∘ O)`):
+//! ```text
+//! dE_ij = pi_ij (dĪ_i · Ĩ_j - D_i) + pi_ij dA_i          (dL_i = dA_i, dL_i/dE_ij = pi_ij)
+//! dU_ij = dE_ij SiLU'(U_ij),   SiLU'(u) = s(u) (1 + u (1 - s(u)))
+//! dU_ii = dS_i S_i (1 - S_i) / tau
+//! dĨ_j  = (1 - g_j) dY_j + sum_{i>j} pi_ij dĪ_i
+//! dp1_i = sum_{j<=i} dU_ij p2_j / sqrt(D),   dp2_j = sum_{i>=j} dU_ij p1_i / sqrt(D)
+//! ```
+//! Three kernels, each writing only its own rows (deterministic: no atomics):
+//! a per-row prepass (`dA`, `D`, `dA log i`), a row-outer `dp1` kernel, and a column-outer kernel
+//! for `dp2` and `dĨ`; both recompute `U`, `E`, `pi` tile by tile from the saved `L`.
+//!
+//! # Loops
+//!
+//! Every loop over the head dimension is unrolled (`D` is comptime): per-unit arrays then live in
+//! registers on GPUs, and the only runtime loops are over keys and tiles. This also keeps the
+//! kernels inside Mesa lavapipe's limit of 65,535 loop iterations per invocation (all loops
+//! together), which silently stops a shader that exceeds it — the NaN-poisoned tests caught it.
+//!
+//! # Buffers
+//!
+//! At most 7 storage buffers per kernel (wgpu allows 8 per stage). Inputs are `F` (f32, f16,
+//! bf16 where the runtime has it); every accumulation is f32; statistics are stored in f32.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
+use cubecl::prelude::*;
+
+use super::{Tiling, empty_like, empty_like_dtype};
+use crate::launches;
+
+/// Channels of the forward statistics tensor `[B, T, H, STATS]`: `L`, `S`, `g`.
+pub(crate) const STATS: usize = 3;
+/// Channels of the backward row tensor `[B, T, H, ROWS]`: `L`, `S`, `g`, `dA`, `D`, `dA log i`.
+const ROWS: usize = 6;
+/// Stored in place of `L_1 = -inf` (row 1 has no Exchange); never read by the backward.
+pub(crate) const NO_HISTORY_LSE: f32 = -1.0e30;
+
+#[cube]
+fn sigmoid(x: f32) -> f32 {
+    1.0f32 / (1.0f32 + (-x).exp())
+}
+
+#[cube(launch)]
+fn flash_relation_fwd_kernel<F: Float>(
+    p1: &Tensor<F>,
+    p2: &Tensor<F>,
+    info: &Tensor<F>,
+    lambda: &Tensor<F>,
+    y: &mut Tensor<F>,
+    ibar_out: &mut Tensor<F>,
+    stats: &mut Tensor<f32>,
+    scale: f32,
+    inv_tau: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] block_k: usize,
+    #[comptime] save_ibar: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = p1.shape(1);
+    let heads = p1.shape(2);
+    let bh = CUBE_POS_Y as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let block_q = CUBE_DIM_X as usize;
+    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
+    let base = batch * seq * row_stride + head * head_dim;
+    let i = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
+    let in_range = i < seq;
+
+    // This unit's query, pre-scaled by 1/sqrt(D), and its Exchange accumulator.
+    let mut q = Array::<f32>::new(head_dim);
+    let mut z = Array::<f32>::new(head_dim);
+    #[unroll]
+    for d in 0..head_dim {
+        q[d] = 0.0f32;
+        z[d] = 0.0f32;
+        if in_range {
+            q[d] = f32::cast_from(p1[base + i * row_stride + d]) * scale;
+        }
+    }
+    let mut m = f32::new(0.0);
+    let mut l = f32::new(0.0);
+
+    let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
+    let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
+
+    // Keys j < i: the cube's last row is `cube_end - 1`, so it needs keys 0 .. cube_end - 1.
+    let mut cube_end = (CUBE_POS_X as usize + 1) * block_q;
+    if cube_end > seq {
+        cube_end = seq;
+    }
+    let num_blocks = (cube_end - 1).div_ceil(block_k);
+    for kb in 0..num_blocks {
+        let j0 = kb * block_k;
+        let mut idx = UNIT_POS_X as usize;
+        while idx < block_k * head_dim {
+            let j = j0 + idx / head_dim;
+            let d = idx % head_dim;
+            let mut kv = f32::new(0.0);
+            let mut vv = f32::new(0.0);
+            if j < seq {
+                kv = f32::cast_from(p2[base + j * row_stride + d]);
+                vv = f32::cast_from(info[base + j * row_stride + d]);
+            }
+            k_tile[idx] = kv;
+            v_tile[idx] = vv;
+            idx += block_q;
+        }
+        sync_cube();
+
+        if in_range && i > j0 {
+            let mut count = i - j0; // keys j0 .. i-1 of this tile are history
+            if count > block_k {
+                count = block_k;
+            }
+            for jj in 0..count {
+                let mut u = f32::new(0.0);
+                #[unroll]
+                for d in 0..head_dim {
+                    u += q[d] * k_tile[jj * head_dim + d];
+                }
+                let e = u * sigmoid(u); // E = SiLU(U)
+                if e > m {
+                    let correction = (m - e).exp();
+                    l *= correction;
+                    #[unroll]
+                    for d in 0..head_dim {
+                        z[d] *= correction;
+                    }
+                    m = e;
+                }
+                let p = (e - m).exp();
+                l += p;
+                #[unroll]
+                for d in 0..head_dim {
+                    z[d] += p * v_tile[jj * head_dim + d];
+                }
+            }
+        }
+        sync_cube();
+    }
+
+    if in_range {
+        let row = base + i * row_stride;
+        let mut u_self = f32::new(0.0);
+        #[unroll]
+        for d in 0..head_dim {
+            u_self += q[d] * f32::cast_from(p2[row + d]);
+        }
+        let s = sigmoid(u_self * inv_tau);
+        let mut lse = f32::new(NO_HISTORY_LSE);
+        let mut g = f32::new(0.0);
+        let mut inv_l = f32::new(0.0);
+        if i > 0 {
+            lse = m + l.ln();
+            let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
+            g = sigmoid(log_mass - s);
+            inv_l = 1.0f32 / l;
+        }
+        #[unroll]
+        for d in 0..head_dim {
+            let v = f32::cast_from(info[row + d]);
+            let ibar = z[d] * inv_l;
+            y[row + d] = F::cast_from(v + g * (ibar - v));
+            if comptime!(save_ibar) {
+                ibar_out[row + d] = F::cast_from(ibar);
+            }
+        }
+        let srow = (batch * seq * heads + i * heads + head) * STATS;
+        stats[srow] = lse;
+        stats[srow + 1] = s;
+        stats[srow + 2] = g;
+    }
+}
+
+/// Per row: `dA = (dY · (Ī - Ĩ)) g (1 - g)`, `D = g dY · Ī`, `dA log i`; copies `L, S, g`.
+#[cube(launch)]
+fn flash_relation_prepass_kernel<F: Float>(
+    info: &Tensor<F>,
+    ibar: &Tensor<F>,
+    dy: &Tensor<F>,
+    stats: &Tensor<f32>,
+    rows: &mut Tensor<f32>,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    // Row r = (b * T + t) * H + h.
+    let r = ABSOLUTE_POS;
+    let seq = info.shape(1);
+    let heads = info.shape(2);
+    if r < seq * heads * info.shape(0) {
+        let t = (r / heads) % seq;
+        let base = r * head_dim;
+        let g = stats[r * STATS + 2];
+        let mut dg = f32::new(0.0);
+        let mut dd = f32::new(0.0);
+        #[unroll]
+        for d in 0..head_dim {
+            let gy = f32::cast_from(dy[base + d]);
+            let ib = f32::cast_from(ibar[base + d]);
+            dg += gy * (ib - f32::cast_from(info[base + d]));
+            dd += gy * ib;
+        }
+        let da = dg * g * (1.0f32 - g);
+        rows[r * ROWS] = stats[r * STATS];
+        rows[r * ROWS + 1] = stats[r * STATS + 1];
+        rows[r * ROWS + 2] = g;
+        rows[r * ROWS + 3] = da;
+        rows[r * ROWS + 4] = g * dd;
+        rows[r * ROWS + 5] = da * f32::cast_from(t + 1).ln();
+    }
+}
+
+/// `dp1`: one unit per query row, key tiles in shared memory (row-outer).
+#[cube(launch)]
+fn flash_relation_dq_kernel<F: Float>(
+    p1: &Tensor<F>,
+    p2: &Tensor<F>,
+    info: &Tensor<F>,
+    dy: &Tensor<F>,
+    rows: &Tensor<f32>,
+    dp1: &mut Tensor<F>,
+    scale: f32,
+    inv_tau: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] block_k: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = p1.shape(1);
+    let heads = p1.shape(2);
+    let bh = CUBE_POS_Y as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let block_q = CUBE_DIM_X as usize;
+    let row_stride = heads * head_dim;
+    let base = batch * seq * row_stride + head * head_dim;
+    let i = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
+    let in_range = i < seq;
+
+    let mut q = Array::<f32>::new(head_dim);
+    let mut dibar = Array::<f32>::new(head_dim);
+    let mut acc = Array::<f32>::new(head_dim);
+    let mut lse = f32::new(0.0);
+    let mut offset = f32::new(0.0); // dA_i - D_i
+    let ridx = (batch * seq * heads + i * heads + head) * ROWS;
+    if in_range {
+        lse = rows[ridx];
+        offset = rows[ridx + 3] - rows[ridx + 4];
+    }
+    #[unroll]
+    for d in 0..head_dim {
+        q[d] = 0.0f32;
+        dibar[d] = 0.0f32;
+        acc[d] = 0.0f32;
+        if in_range {
+            q[d] = f32::cast_from(p1[base + i * row_stride + d]) * scale;
+            dibar[d] = f32::cast_from(dy[base + i * row_stride + d]) * rows[ridx + 2];
+        }
+    }
+
+    let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
+    let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
+    let mut cube_end = (CUBE_POS_X as usize + 1) * block_q;
+    if cube_end > seq {
+        cube_end = seq;
+    }
+    let num_blocks = (cube_end - 1).div_ceil(block_k);
+    for kb in 0..num_blocks {
+        let j0 = kb * block_k;
+        let mut idx = UNIT_POS_X as usize;
+        while idx < block_k * head_dim {
+            let j = j0 + idx / head_dim;
+            let d = idx % head_dim;
+            let mut kv = f32::new(0.0);
+            let mut vv = f32::new(0.0);
+            if j < seq {
+                kv = f32::cast_from(p2[base + j * row_stride + d]);
+                vv = f32::cast_from(info[base + j * row_stride + d]);
+            }
+            k_tile[idx] = kv;
+            v_tile[idx] = vv;
+            idx += block_q;
+        }
+        sync_cube();
+        if in_range && i > j0 {
+            let mut count = i - j0;
+            if count > block_k {
+                count = block_k;
+            }
+            for jj in 0..count {
+                let mut u = f32::new(0.0);
+                let mut dpi = f32::new(0.0);
+                #[unroll]
+                for d in 0..head_dim {
+                    u += q[d] * k_tile[jj * head_dim + d];
+                    dpi += dibar[d] * v_tile[jj * head_dim + d];
+                }
+                let sg = sigmoid(u);
+                let pi = (u * sg - lse).exp();
+                let du = pi * (dpi + offset) * sg * (1.0f32 + u * (1.0f32 - sg));
+                #[unroll]
+                for d in 0..head_dim {
+                    acc[d] += du * k_tile[jj * head_dim + d];
+                }
+            }
+        }
+        sync_cube();
+    }
+
+    if in_range {
+        let row = base + i * row_stride;
+        // Diagonal: dU_ii = dS S (1 - S) / tau with dS = -dA.
+        let s = rows[ridx + 1];
+        let du_self = -rows[ridx + 3] * s * (1.0f32 - s) * inv_tau;
+        #[unroll]
+        for d in 0..head_dim {
+            let k_self = f32::cast_from(p2[row + d]);
+            dp1[row + d] = F::cast_from((acc[d] + du_self * k_self) * scale);
+        }
+    }
+}
+
+/// `dp2` and `dĨ`: one unit per key column `j`, query tiles in shared memory (column-outer).
+#[cube(launch)]
+fn flash_relation_dkdv_kernel<F: Float>(
+    p1: &Tensor<F>,
+    p2: &Tensor<F>,
+    info: &Tensor<F>,
+    dy: &Tensor<F>,
+    rows: &Tensor<f32>,
+    dp2: &mut Tensor<F>,
+    dinfo: &mut Tensor<F>,
+    scale: f32,
+    inv_tau: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] block_k: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = p1.shape(1);
+    let heads = p1.shape(2);
+    let bh = CUBE_POS_Y as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let block_q = CUBE_DIM_X as usize;
+    let row_stride = heads * head_dim;
+    let base = batch * seq * row_stride + head * head_dim;
+    let rows_base = batch * seq * heads + head; // row index of (batch, t = 0, head)
+    let j = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
+    let in_range = j < seq;
+
+    let mut k = Array::<f32>::new(head_dim);
+    let mut v = Array::<f32>::new(head_dim);
+    let mut acc_k = Array::<f32>::new(head_dim);
+    let mut acc_v = Array::<f32>::new(head_dim);
+    #[unroll]
+    for d in 0..head_dim {
+        k[d] = 0.0f32;
+        v[d] = 0.0f32;
+        acc_k[d] = 0.0f32;
+        acc_v[d] = 0.0f32;
+        if in_range {
+            k[d] = f32::cast_from(p2[base + j * row_stride + d]);
+            v[d] = f32::cast_from(info[base + j * row_stride + d]);
+        }
+    }
+
+    let mut q_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
+    let mut g_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
+    let mut r_tile = Shared::<[f32]>::new_slice(comptime!(block_k * 2));
+
+    // Queries i > j, from the tile holding the cube's first column + 1 to the end.
+    let first = (CUBE_POS_X as usize * block_q + 1) / block_k;
+    let num_blocks = seq.div_ceil(block_k);
+    for kb in first..num_blocks {
+        let i0 = kb * block_k;
+        let mut idx = UNIT_POS_X as usize;
+        while idx < block_k * head_dim {
+            let i = i0 + idx / head_dim;
+            let d = idx % head_dim;
+            let mut qv = f32::new(0.0);
+            let mut gv = f32::new(0.0);
+            if i < seq {
+                let ridx = (rows_base + i * heads) * ROWS;
+                qv = f32::cast_from(p1[base + i * row_stride + d]) * scale;
+                gv = f32::cast_from(dy[base + i * row_stride + d]) * rows[ridx + 2]; // dĪ_i
+            }
+            q_tile[idx] = qv;
+            g_tile[idx] = gv;
+            idx += block_q;
+        }
+        let mut idx = UNIT_POS_X as usize;
+        while idx < block_k {
+            let i = i0 + idx;
+            let mut lse = f32::new(0.0);
+            let mut offset = f32::new(0.0);
+            if i < seq {
+                let ridx = (rows_base + i * heads) * ROWS;
+                lse = rows[ridx];
+                offset = rows[ridx + 3] - rows[ridx + 4];
+            }
+            r_tile[idx * 2] = lse;
+            r_tile[idx * 2 + 1] = offset;
+            idx += block_q;
+        }
+        sync_cube();
+        if in_range {
+            for ii in 0..block_k {
+                let i = i0 + ii;
+                if i > j && i < seq {
+                    let mut u = f32::new(0.0);
+                    let mut dpi = f32::new(0.0);
+                    #[unroll]
+                    for d in 0..head_dim {
+                        u += q_tile[ii * head_dim + d] * k[d];
+                        dpi += g_tile[ii * head_dim + d] * v[d];
+                    }
+                    let sg = sigmoid(u);
+                    let pi = (u * sg - r_tile[ii * 2]).exp();
+                    let du = pi * (dpi + r_tile[ii * 2 + 1]) * sg * (1.0f32 + u * (1.0f32 - sg));
+                    #[unroll]
+                    for d in 0..head_dim {
+                        acc_v[d] += pi * g_tile[ii * head_dim + d];
+                        acc_k[d] += du * q_tile[ii * head_dim + d];
+                    }
+                }
+            }
+        }
+        sync_cube();
+    }
+
+    if in_range {
+        let row = base + j * row_stride;
+        let ridx = (rows_base + j * heads) * ROWS;
+        let g = rows[ridx + 2];
+        let s = rows[ridx + 1];
+        let du_self = -rows[ridx + 3] * s * (1.0f32 - s) * inv_tau;
+        #[unroll]
+        for d in 0..head_dim {
+            let q_self = f32::cast_from(p1[row + d]) * scale;
+            dp2[row + d] = F::cast_from(acc_k[d] + du_self * q_self);
+            dinfo[row + d] = F::cast_from(acc_v[d] + (1.0f32 - g) * f32::cast_from(dy[row + d]));
+        }
+    }
+}
+
+/// Output of the forward launch.
+pub(crate) struct Forward {
+    pub y: CubeTensor,
+    /// `Ī`, or a one-element placeholder when not saved.
+    pub ibar: CubeTensor,
+    /// `[B, T, H, 3]` f32: `L`, `S`, `g`.
+    pub stats: CubeTensor,
+}
+
+/// Launches the forward kernel on contiguous inputs.
+pub(crate) fn forward(
+    p1: CubeTensor,
+    p2: CubeTensor,
+    info: CubeTensor,
+    lambda: CubeTensor,
+    scale: f32,
+    inv_tau: f32,
+    save_ibar: bool,
+) -> Forward {
+    launches::record(&launches::FLASH_RELATION_FWD);
+    let (p1, p2, info, lambda) = (
+        into_contiguous(p1),
+        into_contiguous(p2),
+        into_contiguous(info),
+        into_contiguous(lambda),
+    );
+    let dims = p1.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let tiling = Tiling::new(&p1.client, d, 2);
+    let y = empty_like(&p1, dims.clone());
+    let ibar = if save_ibar { empty_like(&p1, dims.clone()) } else { empty_like(&p1, Shape::new([1])) };
+    let stats = empty_like_dtype(&p1, Shape::new([b, t, h, STATS]), DType::F32);
+    let client = p1.client.clone();
+    let dtype = p1.dtype;
+    flash_relation_fwd_kernel::launch(
+        &client,
+        CubeCount::Static(t.div_ceil(tiling.block_q) as u32, (b * h) as u32, 1),
+        CubeDim::new_1d(tiling.block_q as u32),
+        p1.into_tensor_arg(),
+        p2.into_tensor_arg(),
+        info.into_tensor_arg(),
+        lambda.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        ibar.clone().into_tensor_arg(),
+        stats.clone().into_tensor_arg(),
+        scale,
+        inv_tau,
+        d,
+        tiling.block_k,
+        save_ibar,
+        dtype_to_storage_type(dtype),
+    );
+    Forward { y, ibar, stats }
+}
+
+/// Gradients of the fused op.
+pub(crate) struct Gradients {
+    pub p1: CubeTensor,
+    pub p2: CubeTensor,
+    pub info: CubeTensor,
+    /// `[B, T, H, 6]` f32 rows; channel 5 holds `dA_i log i` (so `dlambda = -sum` of it).
+    pub rows: CubeTensor,
+}
+
+/// Launches the three backward kernels.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn backward(
+    p1: CubeTensor,
+    p2: CubeTensor,
+    info: CubeTensor,
+    ibar: CubeTensor,
+    stats: CubeTensor,
+    dy: CubeTensor,
+    scale: f32,
+    inv_tau: f32,
+) -> Gradients {
+    launches::record(&launches::FLASH_RELATION_BWD);
+    let (p1, p2, info, ibar, stats, dy) = (
+        into_contiguous(p1),
+        into_contiguous(p2),
+        into_contiguous(info),
+        into_contiguous(ibar),
+        into_contiguous(stats),
+        into_contiguous(dy),
+    );
+    let dims = p1.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let client = p1.client.clone();
+    let dtype = dtype_to_storage_type(p1.dtype);
+    let tiling = Tiling::new(&client, d, 2);
+
+    let rows = empty_like_dtype(&p1, Shape::new([b, t, h, ROWS]), DType::F32);
+    let n_rows = b * t * h;
+    let cube_dim = CubeDim::new(&client, n_rows);
+    flash_relation_prepass_kernel::launch(
+        &client,
+        cubecl::calculate_cube_count_elemwise(&client, n_rows, cube_dim),
+        cube_dim,
+        info.clone().into_tensor_arg(),
+        ibar.into_tensor_arg(),
+        dy.clone().into_tensor_arg(),
+        stats.into_tensor_arg(),
+        rows.clone().into_tensor_arg(),
+        d,
+        dtype,
+    );
+
+    let count = CubeCount::Static(t.div_ceil(tiling.block_q) as u32, (b * h) as u32, 1);
+    let cube_dim = CubeDim::new_1d(tiling.block_q as u32);
+    let dp1 = empty_like(&p1, dims.clone());
+    flash_relation_dq_kernel::launch(
+        &client,
+        count.clone(),
+        cube_dim,
+        p1.clone().into_tensor_arg(),
+        p2.clone().into_tensor_arg(),
+        info.clone().into_tensor_arg(),
+        dy.clone().into_tensor_arg(),
+        rows.clone().into_tensor_arg(),
+        dp1.clone().into_tensor_arg(),
+        scale,
+        inv_tau,
+        d,
+        tiling.block_k,
+        dtype,
+    );
+    let dp2 = empty_like(&p1, dims.clone());
+    let dinfo = empty_like(&p1, dims);
+    flash_relation_dkdv_kernel::launch(
+        &client,
+        count,
+        cube_dim,
+        p1.into_tensor_arg(),
+        p2.into_tensor_arg(),
+        info.into_tensor_arg(),
+        dy.into_tensor_arg(),
+        rows.clone().into_tensor_arg(),
+        dp2.clone().into_tensor_arg(),
+        dinfo.clone().into_tensor_arg(),
+        scale,
+        inv_tau,
+        d,
+        tiling.block_k,
+        dtype,
+    );
+    Gradients { p1: dp1, p2: dp2, info: dinfo, rows }
+}

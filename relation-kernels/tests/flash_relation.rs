@@ -1,0 +1,205 @@
+//! FlashRelation on `Device::wgpu` against the `relation-core` references on Flex: forward,
+//! statistics and every gradient, over awkward shapes, in f32 and f16.
+
+use burn::tensor::{DType, Device, DeviceKind, Tensor, TensorData};
+use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use relation_core::{DEFAULT_TAU, naive_factorized_relation, naive_parallel_relation};
+use relation_kernels::{
+    KernelError, Strategy, debug, flash_relation, flash_relation_with_stats, launches,
+};
+
+fn wgpu() -> Device {
+    let device = Device::wgpu(DeviceKind::DefaultDevice);
+    device.identity().expect("no wgpu adapter: kernel tests must not be skipped");
+    device
+}
+
+/// Inputs made in f32 on Flex, rounded through `dtype`, so kernel and reference see equal values.
+struct Case {
+    p1: TensorData,
+    p2: TensorData,
+    info: TensorData,
+    lambda: TensorData,
+    weights: TensorData,
+}
+
+fn case(dims: [usize; 4], seed: u64, scale: f64, dtype: DType) -> Case {
+    let flex = Device::flex();
+    let make = |seed, scale| {
+        uniform(dims, seed, scale, &flex, DType::F32).cast(dtype).cast(DType::F32).into_data()
+    };
+    Case {
+        p1: make(seed, scale),
+        p2: make(seed + 1, scale),
+        info: make(seed + 2, 1.0),
+        lambda: Tensor::<1>::from_data([0.5f32], &flex).into_data(),
+        weights: make(seed + 3, 1.0),
+    }
+}
+
+struct On {
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    weights: Tensor<4>,
+}
+
+impl Case {
+    fn on(&self, device: &Device, dtype: DType, grad: bool) -> On {
+        let t4 = |d: &TensorData| {
+            let t = Tensor::<4>::from_data(d.clone(), (device, dtype));
+            if grad { t.require_grad() } else { t }
+        };
+        let lambda = Tensor::<1>::from_data(self.lambda.clone(), (device, DType::F32));
+        On {
+            p1: t4(&self.p1),
+            p2: t4(&self.p2),
+            info: t4(&self.info),
+            lambda: if grad { lambda.require_grad() } else { lambda },
+            weights: Tensor::from_data(self.weights.clone(), (device, dtype)),
+        }
+    }
+}
+
+fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
+    Tensor::from_data(x.into_data().convert::<f32>(), &Device::flex())
+}
+
+/// Forward, statistics and all four gradients of the fused kernel against the references.
+fn check_case(dims: [usize; 4], dtype: DType, seed: u64, scale: f64) {
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let flex = Device::flex();
+    let what = format!("{dims:?} {dtype:?} scale {scale}");
+    let c = case(dims, seed, scale, dtype);
+    let (fwd_tol, grad_tol) = if scale > 10.0 {
+        let tol = tolerance(dtype, Check::LargeEvidence);
+        (tol, tol)
+    } else {
+        (tolerance(dtype, Check::Forward), tolerance(dtype, Check::Gradient))
+    };
+
+    // Forward and statistics.
+    let x = c.on(&device, dtype, false);
+    let before = launches::flash_relation_forward();
+    let fused = flash_relation_with_stats(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU, Strategy::Fused).unwrap();
+    let r = c.on(&flex, DType::F32, false);
+    let reference = naive_factorized_relation(r.p1, r.p2, r.info, r.lambda, DEFAULT_TAU).unwrap();
+    assert_close(&format!("Y {what}"), &to_flex(fused.y), &reference.y, fwd_tol);
+    let stats = [
+        ("S", fused.stats.self_score, reference.stats.self_score),
+        ("L", fused.stats.exchange_lse, reference.stats.exchange_lse),
+        ("A", fused.stats.log_mass, reference.stats.log_mass),
+        ("g", fused.stats.exchange_share, reference.stats.exchange_share),
+    ];
+    for (name, got, want) in stats {
+        assert_close(&format!("{name} {what}"), &to_flex(got), &want, fwd_tol);
+    }
+    assert!(launches::flash_relation_forward() > before, "{what}: the fused forward did not run");
+
+    // Gradients of sum(Y ⊙ W).
+    let x = c.on(&device.clone().autodiff(), dtype, true);
+    let before = launches::flash_relation_backward();
+    let y = flash_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU, Strategy::Fused)
+        .unwrap();
+    let grads = (y * x.weights).sum().backward();
+    let r = c.on(&flex.clone().autodiff(), DType::F32, true);
+    let y = naive_parallel_relation(r.p1.clone(), r.p2.clone(), r.info.clone(), r.lambda.clone(), DEFAULT_TAU).unwrap();
+    let ref_grads = (y * r.weights).sum().backward();
+    for (name, got, want) in [
+        ("dp1", x.p1.grad(&grads), r.p1.grad(&ref_grads)),
+        ("dp2", x.p2.grad(&grads), r.p2.grad(&ref_grads)),
+        ("dI", x.info.grad(&grads), r.info.grad(&ref_grads)),
+    ] {
+        assert_close(&format!("{name} {what}"), &to_flex(got.unwrap()), &want.unwrap(), grad_tol);
+    }
+    let dlambda = to_flex(x.lambda.grad(&grads).unwrap());
+    assert_close(&format!("dlambda {what}"), &dlambda, &r.lambda.grad(&ref_grads).unwrap(), grad_tol);
+    // (checked after reading the gradients: under Fusion, kernels run when their output is read)
+    assert!(launches::flash_relation_backward() > before, "{what}: the fused backward did not run");
+}
+
+#[test]
+fn flash_relation_f32_small_shapes() {
+    // T = 1 (no history at all), T = 2, one and several heads, batch 1 and 3.
+    check_case([1, 1, 1, 48], DType::F32, 1, 1.5);
+    check_case([3, 2, 2, 60], DType::F32, 2, 1.5);
+    check_case([3, 1, 8, 80], DType::F32, 3, 1.5);
+}
+
+#[test]
+fn flash_relation_f32_tile_boundaries() {
+    // 63 and 257 straddle every power-of-two tile size.
+    check_case([1, 63, 8, 64], DType::F32, 4, 1.5);
+    check_case([3, 63, 1, 128], DType::F32, 5, 1.5);
+    check_case([3, 257, 2, 80], DType::F32, 6, 1.5);
+    check_case([1, 257, 8, 48], DType::F32, 7, 1.5);
+}
+
+#[test]
+fn flash_relation_f32_long_sequences() {
+    check_case([1, 1000, 1, 128], DType::F32, 8, 1.5);
+    check_case([1, 1000, 2, 60], DType::F32, 9, 1.5);
+}
+
+#[test]
+fn flash_relation_f32_large_evidence_is_finite() {
+    // |U| up to ~1e3: the online softmax must neither overflow nor lose the rows.
+    check_case([1, 257, 2, 64], DType::F32, 10, 30.0);
+}
+
+#[test]
+fn flash_relation_f16() {
+    let device = wgpu();
+    assert!(
+        device.supports_dtype(DType::F16),
+        "this wgpu adapter has no f16 support: f16 kernel tests cannot run here"
+    );
+    check_case([1, 63, 2, 64], DType::F16, 11, 1.0);
+    check_case([3, 257, 1, 80], DType::F16, 12, 1.0);
+    check_case([1, 2, 8, 48], DType::F16, 13, 1.0);
+}
+
+#[test]
+fn flash_relation_is_causal_and_first_token_is_self() {
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let (seq, keep) = (130, 70);
+    let dims = [2, seq, 2, 64];
+    let p1 = uniform(dims, 20, 1.5, &device, DType::F32);
+    let p2 = uniform(dims, 21, 1.5, &device, DType::F32);
+    let info = uniform(dims, 22, 1.0, &device, DType::F32);
+    let other = uniform(dims, 23, 5.0, &device, DType::F32);
+    let lambda = Tensor::<1>::from_data([0.5f32], &device);
+    let splice = |a: &Tensor<4>| {
+        Tensor::cat(vec![a.clone().narrow(1, 0, keep + 1), other.clone().narrow(1, keep + 1, seq - keep - 1)], 1)
+    };
+    let run = |p1, p2, info| flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap();
+    let before = run(p1.clone(), p2.clone(), info.clone());
+    let after = run(splice(&p1), splice(&p2), splice(&info));
+    let past = |y: &Tensor<4>| y.clone().narrow(1, 0, keep + 1).into_data();
+    assert_eq!(past(&before), past(&after), "future tokens changed past outputs");
+    assert_eq!(before.narrow(1, 0, 1).into_data(), info.narrow(1, 0, 1).into_data(), "Y_1 != I_1");
+}
+
+#[test]
+fn flash_relation_on_flex_matches_and_limits_are_typed() {
+    let flex = Device::flex();
+    let c = case([2, 40, 2, 48], 30, 1.5, DType::F32);
+    let x = c.on(&flex, DType::F32, false);
+    let auto = flash_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU, Strategy::Auto)
+        .unwrap();
+    let reference = naive_parallel_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU)
+        .unwrap();
+    assert_close("flex auto", &auto, &reference, tolerance(DType::F32, Check::Forward));
+    let err = flash_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU, Strategy::Fused)
+        .unwrap_err();
+    assert!(matches!(err, KernelError::FusedUnavailable { .. }), "{err}");
+
+    let device = wgpu();
+    let big = uniform([1, 4, 1, 300], 1, 1.0, &device, DType::F32);
+    let lambda = Tensor::<1>::from_data([0.5f32], &device);
+    let err = flash_relation(big.clone(), big.clone(), big, lambda, DEFAULT_TAU, Strategy::Fused).unwrap_err();
+    assert_eq!(err, KernelError::HeadDimTooLarge { op: "flash_relation", head_dim: 300, max: 256 });
+}
