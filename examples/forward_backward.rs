@@ -27,14 +27,19 @@ const HEAD_DIM: usize = MODEL / HEADS; // D = 48
 const LAYER: usize = 1; // odd layer: Givens pairing B, including the wrap-around pair (H, 1)
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let seq: usize = std::env::args().nth(1).map(|s| s.parse()).transpose()?.unwrap_or(256);
+    let seq: usize = std::env::args()
+        .nth(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(256);
     let device = Device::default().autodiff();
     println!("device: {device:?}");
     println!("mixer: d = {MODEL}, H = {HEADS}, D = {HEAD_DIM}, B = {BATCH}, T = {seq}");
 
     // Parameters, initialised like a linear layer (uniform, scale 1/sqrt(d)).
     let init = 1.0 / (MODEL as f64).sqrt();
-    let param = |seed, shape: [usize; 2]| uniform(shape, seed, init, &device, DType::F32).require_grad();
+    let param =
+        |seed, shape: [usize; 2]| uniform(shape, seed, init, &device, DType::F32).require_grad();
     let (w1, w2, wi, wo) = (
         param(1, [MODEL, MODEL]),
         param(2, [MODEL, MODEL]),
@@ -48,11 +53,33 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let split = |t: Tensor<3>| t.reshape([BATCH, seq, HEADS, HEAD_DIM]); // [B, T, d] -> [B, T, H, D]
 
     let start = Instant::now();
-    let p1 = rope(split(x.clone().matmul(w1.clone().unsqueeze())), 0, ROPE_BASE)?;
-    let p2 = rope(split(x.clone().matmul(w2.clone().unsqueeze())), 0, ROPE_BASE)?;
-    let info = givens_mix(split(x.clone().matmul(wi.clone().unsqueeze())), angles.clone(), LAYER)?;
-    let relation = naive_factorized_relation(p1.clone(), p2.clone(), info.clone(), lambda.clone(), DEFAULT_TAU)?;
-    let y = relation.y.clone().reshape([BATCH, seq, MODEL]).matmul(wo.clone().unsqueeze()); // [B, T, d]
+    let p1 = rope(
+        split(x.clone().matmul(w1.clone().unsqueeze())),
+        0,
+        ROPE_BASE,
+    )?;
+    let p2 = rope(
+        split(x.clone().matmul(w2.clone().unsqueeze())),
+        0,
+        ROPE_BASE,
+    )?;
+    let info = givens_mix(
+        split(x.clone().matmul(wi.clone().unsqueeze())),
+        angles.clone(),
+        LAYER,
+    )?;
+    let relation = naive_factorized_relation(
+        p1.clone(),
+        p2.clone(),
+        info.clone(),
+        lambda.clone(),
+        DEFAULT_TAU,
+    )?;
+    let y = relation
+        .y
+        .clone()
+        .reshape([BATCH, seq, MODEL])
+        .matmul(wo.clone().unsqueeze()); // [B, T, d]
     // A stand-in objective: predict the next token's input from the mixer output.
     let target = x.clone().narrow(1, 1, seq - 1);
     let loss = (y.narrow(1, 0, seq - 1) - target).powi_scalar(2).mean();
@@ -62,25 +89,52 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let total = start.elapsed();
 
     let share = relation.stats.exchange_share.clone().detach();
-    let parallel = naive_parallel_relation(p1.detach(), p2.detach(), info.detach(), lambda.clone().detach(), DEFAULT_TAU)?;
-    let max_diff = (parallel - relation.y.detach()).abs().max().into_scalar::<f32>();
+    let parallel = naive_parallel_relation(
+        p1.detach(),
+        p2.detach(),
+        info.detach(),
+        lambda.clone().detach(),
+        DEFAULT_TAU,
+    )?;
+    let max_diff = (parallel - relation.y.detach())
+        .abs()
+        .max()
+        .into_scalar::<f32>();
 
     println!("loss                   {loss_value:.6}");
-    println!("mean Exchange share g  {:.4} (row 1: {:.1})", share.clone().mean().into_scalar::<f32>(),
-        share.narrow(1, 0, 1).abs().max().into_scalar::<f32>());
+    println!(
+        "mean Exchange share g  {:.4} (row 1: {:.1})",
+        share.clone().mean().into_scalar::<f32>(),
+        share.narrow(1, 0, 1).abs().max().into_scalar::<f32>()
+    );
     println!("factorized vs materialized: max |dY| = {max_diff:.3e}");
     for (name, grad) in [
         ("W1", w1.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt())),
         ("W2", w2.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt())),
-        ("W_I", wi.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt())),
-        ("W_O", wo.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt())),
+        (
+            "W_I",
+            wi.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt()),
+        ),
+        (
+            "W_O",
+            wo.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt()),
+        ),
         ("lambda", lambda.grad(&grads).map(|g| g.abs().sum())),
-        ("givens angles", angles.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt())),
+        (
+            "givens angles",
+            angles.grad(&grads).map(|g| g.powi_scalar(2).sum().sqrt()),
+        ),
     ] {
-        let norm = grad.ok_or(format!("no gradient for {name}"))?.into_scalar::<f32>();
+        let norm = grad
+            .ok_or(format!("no gradient for {name}"))?
+            .into_scalar::<f32>();
         println!("|grad {name:<13}|      {norm:.4e}");
     }
-    println!("forward {:.1} ms, forward + backward {:.1} ms", forward.as_secs_f64() * 1e3, total.as_secs_f64() * 1e3);
+    println!(
+        "forward {:.1} ms, forward + backward {:.1} ms",
+        forward.as_secs_f64() * 1e3,
+        total.as_secs_f64() * 1e3
+    );
     if !(max_diff < 1e-3 && loss_value.is_finite()) {
         return Err("factorized and materialized forms disagree".into());
     }

@@ -98,7 +98,11 @@ pub fn exact_shape<const N: usize>(
 }
 
 /// Checks that `x` lives on the same device as `p1`.
-pub fn same_device<const N: usize>(name: &'static str, x: &Tensor<N>, p1: &Tensor<4>) -> Result<()> {
+pub fn same_device<const N: usize>(
+    name: &'static str,
+    x: &Tensor<N>,
+    p1: &Tensor<4>,
+) -> Result<()> {
     let (got, expected) = (x.device(), p1.device());
     if got != expected {
         return Err(RelationError::DeviceMismatch {
@@ -120,7 +124,12 @@ pub fn tau(tau: f64) -> Result<()> {
 }
 
 /// Checks the common inputs of a Relation mixer: `p1`, `p2`, `info` all `[B, T, H, D]`.
-pub fn relation_inputs(p1: &Tensor<4>, p2: &Tensor<4>, info: &Tensor<4>, tau_s: f64) -> Result<Bthd> {
+pub fn relation_inputs(
+    p1: &Tensor<4>,
+    p2: &Tensor<4>,
+    info: &Tensor<4>,
+    tau_s: f64,
+) -> Result<Bthd> {
     let dims = bthd("p1", p1)?;
     same_bthd("p2", p2, "p1", &dims)?;
     same_bthd("info", info, "p1", &dims)?;

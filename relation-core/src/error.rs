@@ -32,7 +32,9 @@ pub enum RelationError {
         got: usize,
     },
     /// A dimension that must be at least 1 is 0.
-    #[error("`{name}` has an empty dimension `{dim}` (shape {shape:?}); every dimension must be >= 1")]
+    #[error(
+        "`{name}` has an empty dimension `{dim}` (shape {shape:?}); every dimension must be >= 1"
+    )]
     EmptyDimension {
         /// Argument name.
         name: &'static str,

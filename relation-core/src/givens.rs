@@ -85,7 +85,10 @@ pub fn givens_mix(info: Tensor<4>, angles: Tensor<1>, layer: usize) -> Result<Te
     let pairing = GivensPairing::for_layer(layer);
     let rolled = match pairing {
         GivensPairing::A => info,
-        GivensPairing::B => Tensor::cat(vec![info.clone().narrow(2, 1, h - 1), info.narrow(2, 0, 1)], 2),
+        GivensPairing::B => Tensor::cat(
+            vec![info.clone().narrow(2, 1, h - 1), info.narrow(2, 0, 1)],
+            2,
+        ),
     };
     let paired = rolled.reshape([b, t, h / 2, 2, d]); // [B, T, H/2, (a, b), D]
     let first = paired.clone().narrow(3, 0, 1); // I_a, [B, T, H/2, 1, D]
@@ -98,6 +101,9 @@ pub fn givens_mix(info: Tensor<4>, angles: Tensor<1>, layer: usize) -> Result<Te
     Ok(match pairing {
         GivensPairing::A => mixed,
         // Undo the roll: head 0 is the last rolled head.
-        GivensPairing::B => Tensor::cat(vec![mixed.clone().narrow(2, h - 1, 1), mixed.narrow(2, 0, h - 1)], 2),
+        GivensPairing::B => Tensor::cat(
+            vec![mixed.clone().narrow(2, h - 1, 1), mixed.narrow(2, 0, h - 1)],
+            2,
+        ),
     })
 }

@@ -97,7 +97,10 @@ pub fn naive_self_relation(p1: Tensor<4>, p2: Tensor<4>, tau_s: f64) -> Result<T
 /// - output: `[1, 1, T, 1]`
 fn log_row_index(seq: usize, like: &Tensor<4>) -> Tensor<4> {
     let rows = Tensor::<1, Int>::arange(1..seq as i64 + 1, &like.device());
-    rows.float().cast(like.dtype()).log().reshape([1, 1, seq, 1])
+    rows.float()
+        .cast(like.dtype())
+        .log()
+        .reshape([1, 1, seq, 1])
 }
 
 /// Mask that is `true` strictly below the diagonal (`j < i`), for `[B, H, T, T]`.

@@ -38,31 +38,79 @@ pub enum Check {
 pub const TOLERANCES: &[(DType, Tol, Tol, Tol, Tol)] = &[
     (
         DType::F64,
-        Tol { rel: 1e-10, abs: 1e-12 },
-        Tol { rel: 1e-9, abs: 1e-11 },
-        Tol { rel: 1e-6, abs: 1e-8 },
-        Tol { rel: 1e-8, abs: 1e-8 },
+        Tol {
+            rel: 1e-10,
+            abs: 1e-12,
+        },
+        Tol {
+            rel: 1e-9,
+            abs: 1e-11,
+        },
+        Tol {
+            rel: 1e-6,
+            abs: 1e-8,
+        },
+        Tol {
+            rel: 1e-8,
+            abs: 1e-8,
+        },
     ),
     (
         DType::F32,
-        Tol { rel: 1e-4, abs: 1e-5 },
-        Tol { rel: 1e-3, abs: 1e-4 },
-        Tol { rel: 2e-2, abs: 1e-3 },
-        Tol { rel: 2e-3, abs: 1e-3 },
+        Tol {
+            rel: 1e-4,
+            abs: 1e-5,
+        },
+        Tol {
+            rel: 1e-3,
+            abs: 1e-4,
+        },
+        Tol {
+            rel: 2e-2,
+            abs: 1e-3,
+        },
+        Tol {
+            rel: 2e-3,
+            abs: 1e-3,
+        },
     ),
     (
         DType::F16,
-        Tol { rel: 1e-2, abs: 1e-2 },
-        Tol { rel: 5e-2, abs: 2e-2 },
-        Tol { rel: 1e-1, abs: 1e-1 },
-        Tol { rel: 1e-1, abs: 1e-1 },
+        Tol {
+            rel: 1e-2,
+            abs: 1e-2,
+        },
+        Tol {
+            rel: 5e-2,
+            abs: 2e-2,
+        },
+        Tol {
+            rel: 1e-1,
+            abs: 1e-1,
+        },
+        Tol {
+            rel: 1e-1,
+            abs: 1e-1,
+        },
     ),
     (
         DType::BF16,
-        Tol { rel: 4e-2, abs: 4e-2 },
-        Tol { rel: 1e-1, abs: 5e-2 },
-        Tol { rel: 2e-1, abs: 2e-1 },
-        Tol { rel: 2e-1, abs: 2e-1 },
+        Tol {
+            rel: 4e-2,
+            abs: 4e-2,
+        },
+        Tol {
+            rel: 1e-1,
+            abs: 5e-2,
+        },
+        Tol {
+            rel: 2e-1,
+            abs: 2e-1,
+        },
+        Tol {
+            rel: 2e-1,
+            abs: 2e-1,
+        },
     ),
 ];
 
@@ -139,7 +187,12 @@ pub fn compare<const N: usize>(actual: &Tensor<N>, expected: &Tensor<N>, tol: To
 /// # Panics
 /// On a shape mismatch, any NaN, or any element outside the tolerance.
 #[track_caller]
-pub fn assert_close<const N: usize>(what: &str, actual: &Tensor<N>, expected: &Tensor<N>, tol: Tol) {
+pub fn assert_close<const N: usize>(
+    what: &str,
+    actual: &Tensor<N>,
+    expected: &Tensor<N>,
+    tol: Tol,
+) {
     let worst = compare(actual, expected, tol);
     assert!(
         worst.ratio <= 1.0,

@@ -12,8 +12,14 @@ fn pairings_alternate_with_layer_parity() {
     assert_eq!(GivensPairing::for_layer(1), GivensPairing::B);
     assert_eq!(GivensPairing::for_layer(4), GivensPairing::A);
     assert_eq!(GivensPairing::for_layer(7), GivensPairing::B);
-    assert_eq!(GivensPairing::A.pairs(8).unwrap(), vec![(0, 1), (2, 3), (4, 5), (6, 7)]);
-    assert_eq!(GivensPairing::B.pairs(8).unwrap(), vec![(1, 2), (3, 4), (5, 6), (7, 0)]);
+    assert_eq!(
+        GivensPairing::A.pairs(8).unwrap(),
+        vec![(0, 1), (2, 3), (4, 5), (6, 7)]
+    );
+    assert_eq!(
+        GivensPairing::B.pairs(8).unwrap(),
+        vec![(1, 2), (3, 4), (5, 6), (7, 0)]
+    );
     assert_eq!(GivensPairing::B.pairs(2).unwrap(), vec![(1, 0)]);
 }
 
@@ -59,10 +65,24 @@ fn quarter_turn_moves_heads_along_the_pairing() {
         let angles = Tensor::<1>::from_data(angles.as_slice(), &device);
         let mixed = givens_mix(info.clone(), angles, layer).unwrap();
         let what = format!("layer {layer} pair ({a},{b})");
-        assert_close(&format!("{what}: new b = old a"), &head(&mixed, b), &head(&info, a), tol);
-        assert_close(&format!("{what}: new a = -old b"), &head(&mixed, a), &(-head(&info, b)), tol);
+        assert_close(
+            &format!("{what}: new b = old a"),
+            &head(&mixed, b),
+            &head(&info, a),
+            tol,
+        );
+        assert_close(
+            &format!("{what}: new a = -old b"),
+            &head(&mixed, a),
+            &(-head(&info, b)),
+            tol,
+        );
         for untouched in (0..8).filter(|&h| h != a && h != b) {
-            assert_identical(&format!("{what}: head {untouched}"), &head(&mixed, untouched), &head(&info, untouched));
+            assert_identical(
+                &format!("{what}: head {untouched}"),
+                &head(&mixed, untouched),
+                &head(&info, untouched),
+            );
         }
     }
 }
@@ -79,7 +99,10 @@ fn rope_scores_depend_on_relative_position_only() {
     };
     for (m, n) in [(3, 1), (10, 0), (7, 7)] {
         let (near, far) = (score(m, n), score(m + 500, n + 500));
-        assert!((near - far).abs() < 1e-9, "({m},{n}): {near} vs shifted {far}");
+        assert!(
+            (near - far).abs() < 1e-9,
+            "({m},{n}): {near} vs shifted {far}"
+        );
     }
     // and it does depend on the distance
     assert!((score(3, 1) - score(1, 3)).abs() > 1e-6);
@@ -93,6 +116,11 @@ fn rope_offset_continues_a_sequence() {
     let x = uniform([2, 20, 3, 48], 9, 1.0, &device, DType::F32);
     let whole = rope(x.clone(), 0, ROPE_BASE).unwrap();
     let tail = rope(tokens(&x, 12, 8), 12, ROPE_BASE).unwrap();
-    assert_close("rope offset", &tail, &tokens(&whole, 12, 8), tolerance(DType::F32, Check::Forward));
+    assert_close(
+        "rope offset",
+        &tail,
+        &tokens(&whole, 12, 8),
+        tolerance(DType::F32, Check::Forward),
+    );
     assert!(values(&whole).iter().all(|v| v.is_finite()));
 }

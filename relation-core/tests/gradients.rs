@@ -26,12 +26,17 @@ fn input(name: &'static str, len: usize, seed: u64, scale: f64, shift: f64) -> I
     let mut rng = SplitMix64::new(seed);
     Input {
         name,
-        values: (0..len).map(|_| scale * rng.next_signed() + shift).collect(),
+        values: (0..len)
+            .map(|_| scale * rng.next_signed() + shift)
+            .collect(),
     }
 }
 
 fn flat(values: &[f64], device: &Device) -> Tensor<1> {
-    Tensor::from_data(TensorData::new(values.to_vec(), [values.len()]), (device, DType::F64))
+    Tensor::from_data(
+        TensorData::new(values.to_vec(), [values.len()]),
+        (device, DType::F64),
+    )
 }
 
 /// Checks d loss / d input of `f` against central differences for every input.

@@ -52,7 +52,10 @@ fn chunked_equals_recurrent() {
         for state in [None, Some(initial)] {
             let reference = recurrent(&x, state.clone());
             for chunk in [1, 5, 16, 32, 64] {
-                let what = format!("T={seq} D={head_dim} chunk={chunk} state={}", state.is_some());
+                let what = format!(
+                    "T={seq} D={head_dim} chunk={chunk} state={}",
+                    state.is_some()
+                );
                 let out = chunked(&x, state.clone(), chunk);
                 assert_close(&format!("Y {what}"), &out.y, &reference.y, tol);
                 assert_close(&format!("state {what}"), &out.state, &reference.state, tol);
@@ -71,7 +74,12 @@ fn state_carry_splits_a_sequence() {
 
     let first = recurrent(&x1, None);
     let second = recurrent(&x2, Some(first.state.clone()));
-    assert_close("recurrent: Y of x1 then x2", &Tensor::cat(vec![first.y, second.y], 1), &whole.y, tol);
+    assert_close(
+        "recurrent: Y of x1 then x2",
+        &Tensor::cat(vec![first.y, second.y], 1),
+        &whole.y,
+        tol,
+    );
     assert_close("recurrent: final state", &second.state, &whole.state, tol);
 
     for chunk in [16, 32, 64] {
@@ -83,7 +91,12 @@ fn state_carry_splits_a_sequence() {
             &whole.y,
             tol,
         );
-        assert_close(&format!("chunk {chunk}: final state"), &second.state, &whole.state, tol);
+        assert_close(
+            &format!("chunk {chunk}: final state"),
+            &second.state,
+            &whole.state,
+            tol,
+        );
     }
 }
 
@@ -101,7 +114,10 @@ fn causality_of_linear_relation() {
     let x = linear_inputs([1, seq, 2, 48], 71, -2.0, DType::F32);
     let other = linear_inputs([1, seq, 2, 48], 72, -2.0, DType::F32);
     let splice = |a: &Tensor<4>, b: &Tensor<4>| {
-        Tensor::cat(vec![tokens(a, 0, keep + 1), tokens(b, keep + 1, seq - keep - 1)], 1)
+        Tensor::cat(
+            vec![tokens(a, 0, keep + 1), tokens(b, keep + 1, seq - keep - 1)],
+            1,
+        )
     };
     let y = LinearInputs {
         p1: splice(&x.p1, &other.p1),
@@ -110,7 +126,11 @@ fn causality_of_linear_relation() {
         log_alpha: splice(&x.log_alpha, &other.log_alpha),
     };
     let past = |t: &Tensor<4>| tokens(t, 0, keep + 1);
-    assert_identical("recurrent: past outputs", &past(&recurrent(&x, None).y), &past(&recurrent(&y, None).y));
+    assert_identical(
+        "recurrent: past outputs",
+        &past(&recurrent(&x, None).y),
+        &past(&recurrent(&y, None).y),
+    );
     // Masked (future) terms enter the chunked form as exact zeros, so its past is exact too.
     for chunk in [16, 64] {
         assert_identical(
@@ -134,13 +154,32 @@ fn strong_and_absent_decay_stay_finite() {
             x.log_alpha.clone() * 0.5 + gate
         };
         let reference = recurrent(&x, None);
-        assert!(values(&reference.y).iter().all(|v| v.is_finite()), "recurrent Y, gate {gate}");
+        assert!(
+            values(&reference.y).iter().all(|v| v.is_finite()),
+            "recurrent Y, gate {gate}"
+        );
         for chunk in [16, 64] {
             let out = chunked(&x, None, chunk);
-            assert!(values(&out.y).iter().all(|v| v.is_finite()), "chunk Y, gate {gate}");
-            assert!(values(&out.state).iter().all(|v| v.is_finite()), "chunk state, gate {gate}");
-            assert_close(&format!("gate {gate} chunk {chunk}"), &out.y, &reference.y, tol);
-            assert_close(&format!("gate {gate} chunk {chunk} state"), &out.state, &reference.state, tol);
+            assert!(
+                values(&out.y).iter().all(|v| v.is_finite()),
+                "chunk Y, gate {gate}"
+            );
+            assert!(
+                values(&out.state).iter().all(|v| v.is_finite()),
+                "chunk state, gate {gate}"
+            );
+            assert_close(
+                &format!("gate {gate} chunk {chunk}"),
+                &out.y,
+                &reference.y,
+                tol,
+            );
+            assert_close(
+                &format!("gate {gate} chunk {chunk} state"),
+                &out.state,
+                &reference.state,
+                tol,
+            );
         }
     }
 }

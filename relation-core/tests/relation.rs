@@ -15,7 +15,12 @@ fn materialized_equals_factorized() {
         for head_dim in [48, 60, 80] {
             for heads in [1, 2, 8] {
                 let batch = if seq > 100 { 1 } else { 2 };
-                let x = relation_inputs([batch, seq, heads, head_dim], 7 + seq as u64, 2.0, DType::F32);
+                let x = relation_inputs(
+                    [batch, seq, heads, head_dim],
+                    7 + seq as u64,
+                    2.0,
+                    DType::F32,
+                );
                 let what = format!("T={seq} D={head_dim} H={heads}");
                 let parallel = naive_parallel_relation(
                     x.p1.clone(),
@@ -25,9 +30,14 @@ fn materialized_equals_factorized() {
                     DEFAULT_TAU,
                 )
                 .unwrap();
-                let factorized =
-                    naive_factorized_relation(x.p1.clone(), x.p2.clone(), x.info, x.lambda.clone(), DEFAULT_TAU)
-                        .unwrap();
+                let factorized = naive_factorized_relation(
+                    x.p1.clone(),
+                    x.p2.clone(),
+                    x.info,
+                    x.lambda.clone(),
+                    DEFAULT_TAU,
+                )
+                .unwrap();
                 assert_close(&format!("Y {what}"), &factorized.y, &parallel, tol);
 
                 // The Self weight on the diagonal of F is 1 - g.
@@ -63,19 +73,38 @@ fn first_token_is_pure_self() {
             DEFAULT_TAU,
         )
         .unwrap();
-        let factorized = naive_factorized_relation(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU).unwrap();
+        let factorized =
+            naive_factorized_relation(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU).unwrap();
         assert_identical("parallel Y_1", &tokens(&parallel, 0, 1), &first_info);
         assert_identical("factorized Y_1", &tokens(&factorized.y, 0, 1), &first_info);
         let g1 = values(&factorized.stats.exchange_share.clone().narrow(1, 0, 1));
-        assert!(g1.iter().all(|&g| g == 0.0), "g_1 must be exactly 0, got {g1:?}");
+        assert!(
+            g1.iter().all(|&g| g == 0.0),
+            "g_1 must be exactly 0, got {g1:?}"
+        );
         let l1 = values(&factorized.stats.exchange_lse.narrow(1, 0, 1));
-        assert!(l1.iter().all(|&l| l == f64::NEG_INFINITY), "L_1 must be -inf, got {l1:?}");
+        assert!(
+            l1.iter().all(|&l| l == f64::NEG_INFINITY),
+            "L_1 must be -inf, got {l1:?}"
+        );
         // every later row has history and a finite, positive share
         let rest = values(&factorized.stats.exchange_share.narrow(1, 1, 8));
         // (at |U| ~ 100 the share legitimately rounds to 1 in f32)
-        let inside = |&g: &f64| if scale > 10.0 { (0.0..=1.0).contains(&g) } else { g > 0.0 && g < 1.0 };
-        assert!(rest.iter().all(inside), "g_i for i >= 2 out of range: {rest:?}");
-        assert!(values(&parallel).iter().all(|v| v.is_finite()), "large |U| gave non-finite Y");
+        let inside = |&g: &f64| {
+            if scale > 10.0 {
+                (0.0..=1.0).contains(&g)
+            } else {
+                g > 0.0 && g < 1.0
+            }
+        };
+        assert!(
+            rest.iter().all(inside),
+            "g_i for i >= 2 out of range: {rest:?}"
+        );
+        assert!(
+            values(&parallel).iter().all(|v| v.is_finite()),
+            "large |U| gave non-finite Y"
+        );
     }
 }
 
@@ -86,22 +115,39 @@ fn causality_of_full_relation() {
     let other = relation_inputs([2, seq, 2, 48], 99, 2.0, DType::F32);
     // Replace every input after position `keep` (zero-based, exclusive end `keep + 1`).
     let splice = |a: &Tensor<4>, b: &Tensor<4>| {
-        Tensor::cat(vec![tokens(a, 0, keep + 1), tokens(b, keep + 1, seq - keep - 1)], 1)
+        Tensor::cat(
+            vec![tokens(a, 0, keep + 1), tokens(b, keep + 1, seq - keep - 1)],
+            1,
+        )
     };
-    let (p1, p2, info) = (splice(&x.p1, &other.p1), splice(&x.p2, &other.p2), splice(&x.info, &other.info));
+    let (p1, p2, info) = (
+        splice(&x.p1, &other.p1),
+        splice(&x.p2, &other.p2),
+        splice(&x.info, &other.info),
+    );
 
     let run_parallel = |p1, p2, info| {
         naive_parallel_relation(p1, p2, info, x.lambda.clone(), DEFAULT_TAU).unwrap()
     };
     let run_factorized = |p1, p2, info| {
-        naive_factorized_relation(p1, p2, info, x.lambda.clone(), DEFAULT_TAU).unwrap().y
+        naive_factorized_relation(p1, p2, info, x.lambda.clone(), DEFAULT_TAU)
+            .unwrap()
+            .y
     };
     let before = run_parallel(x.p1.clone(), x.p2.clone(), x.info.clone());
     let after = run_parallel(p1.clone(), p2.clone(), info.clone());
-    assert_identical("parallel: past outputs", &tokens(&before, 0, keep + 1), &tokens(&after, 0, keep + 1));
+    assert_identical(
+        "parallel: past outputs",
+        &tokens(&before, 0, keep + 1),
+        &tokens(&after, 0, keep + 1),
+    );
     let before = run_factorized(x.p1.clone(), x.p2.clone(), x.info.clone());
     let after_f = run_factorized(p1, p2, info);
-    assert_identical("factorized: past outputs", &tokens(&before, 0, keep + 1), &tokens(&after_f, 0, keep + 1));
+    assert_identical(
+        "factorized: past outputs",
+        &tokens(&before, 0, keep + 1),
+        &tokens(&after_f, 0, keep + 1),
+    );
     // and the future did change (so the test can tell)
     let changed = values(&tokens(&after, keep + 1, 1)) != values(&tokens(&before, keep + 1, 1));
     assert!(changed, "outputs after the splice should differ");
@@ -112,16 +158,29 @@ fn count_calibration_lowers_share_and_keeps_allocation() {
     let x = relation_inputs([2, 30, 2, 48], 31, 2.0, DType::F32);
     let run = |lambda: f64| {
         let lambda = Tensor::<1>::from_data([lambda], &x.p1.device());
-        let out = naive_factorized_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), lambda.clone(), DEFAULT_TAU)
-            .unwrap();
-        let weights = naive_relation_weights(x.p1.clone(), x.p2.clone(), lambda, DEFAULT_TAU).unwrap();
+        let out = naive_factorized_relation(
+            x.p1.clone(),
+            x.p2.clone(),
+            x.info.clone(),
+            lambda.clone(),
+            DEFAULT_TAU,
+        )
+        .unwrap();
+        let weights =
+            naive_relation_weights(x.p1.clone(), x.p2.clone(), lambda, DEFAULT_TAU).unwrap();
         (out.stats.exchange_share, weights)
     };
     let (g_low, f_low) = run(0.5);
     let (g_high, f_high) = run(1.0);
-    let (g_low, g_high) = (values(&g_low.narrow(1, 1, 29)), values(&g_high.narrow(1, 1, 29)));
+    let (g_low, g_high) = (
+        values(&g_low.narrow(1, 1, 29)),
+        values(&g_high.narrow(1, 1, 29)),
+    );
     for (i, (lo, hi)) in g_low.iter().zip(&g_high).enumerate() {
-        assert!(hi < lo, "raising lambda must lower g (element {i}: {lo} -> {hi})");
+        assert!(
+            hi < lo,
+            "raising lambda must lower g (element {i}: {lo} -> {hi})"
+        );
     }
 
     // pi_ij = F_ij / (1 - F_ii) on j < i: the Exchange allocation, independent of lambda.

@@ -16,7 +16,11 @@ use burn::tensor::Shape;
 use crate::RelationOps;
 
 impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
-    fn self_relation(p1: FloatTensor<Self>, p2: FloatTensor<Self>, scale: f32) -> FloatTensor<Self> {
+    fn self_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
         /// `S = sigmoid(scale p1·p2)`: `dp1 = dS S (1 - S) scale p2`, `dp2 = dS S (1 - S) scale p1`.
         #[derive(Debug)]
         struct SelfRelationBackward;
@@ -25,7 +29,12 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
             // p1 and p2 (checkpointed), the output S, the scale.
             type State = (NodeId, NodeId, FloatTensor<B>, f32);
 
-            fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
                 let [node_p1, node_p2] = ops.parents;
                 let grad = grads.consume::<B>(&ops.node); // [B, T, H]
                 let (p1_id, p2_id, s, scale) = ops.state;
@@ -47,16 +56,22 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
         }
 
         let guards = [p1.node(), p2.node()];
-        match SelfRelationBackward.prepare::<C>(guards).compute_bound().stateful() {
+        match SelfRelationBackward
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(mut prep) => {
                 let p1_id = prep.checkpoint(&p1);
                 let p2_id = prep.checkpoint(&p2);
                 let s = B::self_relation(p1.into_primitive(), p2.into_primitive(), scale);
                 prep.finish((p1_id, p2_id, s.clone(), scale), s)
             }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::self_relation(p1.into_primitive(), p2.into_primitive(), scale))
-            }
+            OpsKind::UnTracked(prep) => prep.finish(B::self_relation(
+                p1.into_primitive(),
+                p2.into_primitive(),
+                scale,
+            )),
         }
     }
 
@@ -75,9 +90,23 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
 
         impl<B: RelationOps> Backward<B, 4> for FlashRelationBackward {
             // p1, p2, info, lambda (checkpointed), Ī, stats, scale, 1 / tau.
-            type State = (NodeId, NodeId, NodeId, NodeId, FloatTensor<B>, FloatTensor<B>, f32, f32);
+            type State = (
+                NodeId,
+                NodeId,
+                NodeId,
+                NodeId,
+                FloatTensor<B>,
+                FloatTensor<B>,
+                f32,
+                f32,
+            );
 
-            fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, checkpointer: &mut Checkpointer) {
+            fn backward(
+                self,
+                ops: Ops<Self::State, 4>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
                 let [node_p1, node_p2, node_info, node_lambda] = ops.parents;
                 let dy = grads.consume::<B>(&ops.node);
                 let (p1_id, p2_id, info_id, lambda_id, ibar, stats, scale, inv_tau) = ops.state;
@@ -87,7 +116,12 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
                 let lambda: FloatTensor<B> = checkpointer.retrieve_node_output(lambda_id);
                 let (dp1, dp2, dinfo, dlambda) =
                     B::flash_relation_bwd(p1, p2, info, lambda, ibar, stats, dy, scale, inv_tau);
-                for (node, grad) in [(node_p1, dp1), (node_p2, dp2), (node_info, dinfo), (node_lambda, dlambda)] {
+                for (node, grad) in [
+                    (node_p1, dp1),
+                    (node_p2, dp2),
+                    (node_info, dinfo),
+                    (node_lambda, dlambda),
+                ] {
                     if let Some(node) = node {
                         grads.register::<B>(node.id, grad);
                     }
@@ -96,7 +130,11 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
         }
 
         let guards = [p1.node(), p2.node(), info.node(), lambda.node()];
-        match FlashRelationBackward.prepare::<C>(guards).compute_bound().stateful() {
+        match FlashRelationBackward
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
             OpsKind::Tracked(mut prep) => {
                 let ids = (
                     prep.checkpoint(&p1),
@@ -142,7 +180,11 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
             scale,
             inv_tau,
         );
-        (FloatTensor::<Self>::new(y), FloatTensor::<Self>::new(ibar), FloatTensor::<Self>::new(stats))
+        (
+            FloatTensor::<Self>::new(y),
+            FloatTensor::<Self>::new(ibar),
+            FloatTensor::<Self>::new(stats),
+        )
     }
 
     fn flash_relation_bwd(
@@ -155,7 +197,12 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
         dy: FloatTensor<Self>,
         scale: f32,
         inv_tau: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
         let (a, b, c, d) = B::flash_relation_bwd(
             p1.into_primitive(),
             p2.into_primitive(),
@@ -167,6 +214,11 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
             scale,
             inv_tau,
         );
-        (FloatTensor::<Self>::new(a), FloatTensor::<Self>::new(b), FloatTensor::<Self>::new(c), FloatTensor::<Self>::new(d))
+        (
+            FloatTensor::<Self>::new(a),
+            FloatTensor::<Self>::new(b),
+            FloatTensor::<Self>::new(c),
+            FloatTensor::<Self>::new(d),
+        )
     }
 }

@@ -10,7 +10,9 @@ pub enum KernelError {
     #[error(transparent)]
     Invalid(#[from] RelationError),
     /// [`Strategy::Fused`](crate::Strategy::Fused) was asked for on a device without CubeCL.
-    #[error("no fused `{op}` kernel on device {device}: it needs a CubeCL device (wgpu, vulkan, metal, cuda, rocm, cpu); use Strategy::Auto or Strategy::Reference")]
+    #[error(
+        "no fused `{op}` kernel on device {device}: it needs a CubeCL device (wgpu, vulkan, metal, cuda, rocm, cpu); use Strategy::Auto or Strategy::Reference"
+    )]
     FusedUnavailable {
         /// The operation.
         op: &'static str,

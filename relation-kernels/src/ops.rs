@@ -22,7 +22,8 @@ pub trait RelationOps: Backend {
     /// - `p1`, `p2`: `[B, T, H, D]`
     /// - output: `[B, T, H]`
     #[fusion(dtype = p1, shape = row_shape(p1))]
-    fn self_relation(p1: FloatTensor<Self>, p2: FloatTensor<Self>, scale: f32) -> FloatTensor<Self>;
+    fn self_relation(p1: FloatTensor<Self>, p2: FloatTensor<Self>, scale: f32)
+    -> FloatTensor<Self>;
 
     /// FlashRelation forward, differentiable (the Autodiff implementation saves what the fused
     /// backward needs).
@@ -66,7 +67,12 @@ pub trait RelationOps: Backend {
         dy: FloatTensor<Self>,
         scale: f32,
         inv_tau: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
 }
 
 /// `[B, T, H, D]` -> `[B, T, H]`: the shape of per-row outputs.

@@ -18,7 +18,12 @@ use crate::{RelationOps, Result, Strategy};
 /// # Errors
 /// Mismatched shapes or devices, empty dimensions, `tau` not finite and positive,
 /// [`Strategy::Fused`] on a device without CubeCL.
-pub fn self_relation(p1: Tensor<4>, p2: Tensor<4>, tau: f64, strategy: Strategy) -> Result<Tensor<3>> {
+pub fn self_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    tau: f64,
+    strategy: Strategy,
+) -> Result<Tensor<3>> {
     let dims = check::bthd("p1", &p1)?;
     check::same_bthd("p2", &p2, "p1", &dims)?;
     check::same_device("p2", &p2, &p1)?;

@@ -10,7 +10,9 @@ use relation_kernels::{
 
 fn wgpu() -> Device {
     let device = Device::wgpu(DeviceKind::DefaultDevice);
-    device.identity().expect("no wgpu adapter: kernel tests must not be skipped");
+    device
+        .identity()
+        .expect("no wgpu adapter: kernel tests must not be skipped");
     device
 }
 
@@ -26,7 +28,10 @@ struct Case {
 fn case(dims: [usize; 4], seed: u64, scale: f64, dtype: DType) -> Case {
     let flex = Device::flex();
     let make = |seed, scale| {
-        uniform(dims, seed, scale, &flex, DType::F32).cast(dtype).cast(DType::F32).into_data()
+        uniform(dims, seed, scale, &flex, DType::F32)
+            .cast(dtype)
+            .cast(DType::F32)
+            .into_data()
     };
     Case {
         p1: make(seed, scale),
@@ -77,47 +82,91 @@ fn check_case(dims: [usize; 4], dtype: DType, seed: u64, scale: f64) {
         let tol = tolerance(dtype, Check::LargeEvidence);
         (tol, tol)
     } else {
-        (tolerance(dtype, Check::Forward), tolerance(dtype, Check::Gradient))
+        (
+            tolerance(dtype, Check::Forward),
+            tolerance(dtype, Check::Gradient),
+        )
     };
 
     // Forward and statistics.
     let x = c.on(&device, dtype, false);
     let before = launches::flash_relation_forward();
-    let fused = flash_relation_with_stats(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU, Strategy::Fused).unwrap();
+    let fused =
+        flash_relation_with_stats(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU, Strategy::Fused)
+            .unwrap();
     let r = c.on(&flex, DType::F32, false);
     let reference = naive_factorized_relation(r.p1, r.p2, r.info, r.lambda, DEFAULT_TAU).unwrap();
-    assert_close(&format!("Y {what}"), &to_flex(fused.y), &reference.y, fwd_tol);
+    assert_close(
+        &format!("Y {what}"),
+        &to_flex(fused.y),
+        &reference.y,
+        fwd_tol,
+    );
     let stats = [
         ("S", fused.stats.self_score, reference.stats.self_score),
         ("L", fused.stats.exchange_lse, reference.stats.exchange_lse),
         ("A", fused.stats.log_mass, reference.stats.log_mass),
-        ("g", fused.stats.exchange_share, reference.stats.exchange_share),
+        (
+            "g",
+            fused.stats.exchange_share,
+            reference.stats.exchange_share,
+        ),
     ];
     for (name, got, want) in stats {
         assert_close(&format!("{name} {what}"), &to_flex(got), &want, fwd_tol);
     }
-    assert!(launches::flash_relation_forward() > before, "{what}: the fused forward did not run");
+    assert!(
+        launches::flash_relation_forward() > before,
+        "{what}: the fused forward did not run"
+    );
 
     // Gradients of sum(Y ⊙ W).
     let x = c.on(&device.clone().autodiff(), dtype, true);
     let before = launches::flash_relation_backward();
-    let y = flash_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU, Strategy::Fused)
-        .unwrap();
+    let y = flash_relation(
+        x.p1.clone(),
+        x.p2.clone(),
+        x.info.clone(),
+        x.lambda.clone(),
+        DEFAULT_TAU,
+        Strategy::Fused,
+    )
+    .unwrap();
     let grads = (y * x.weights).sum().backward();
     let r = c.on(&flex.clone().autodiff(), DType::F32, true);
-    let y = naive_parallel_relation(r.p1.clone(), r.p2.clone(), r.info.clone(), r.lambda.clone(), DEFAULT_TAU).unwrap();
+    let y = naive_parallel_relation(
+        r.p1.clone(),
+        r.p2.clone(),
+        r.info.clone(),
+        r.lambda.clone(),
+        DEFAULT_TAU,
+    )
+    .unwrap();
     let ref_grads = (y * r.weights).sum().backward();
     for (name, got, want) in [
         ("dp1", x.p1.grad(&grads), r.p1.grad(&ref_grads)),
         ("dp2", x.p2.grad(&grads), r.p2.grad(&ref_grads)),
         ("dI", x.info.grad(&grads), r.info.grad(&ref_grads)),
     ] {
-        assert_close(&format!("{name} {what}"), &to_flex(got.unwrap()), &want.unwrap(), grad_tol);
+        assert_close(
+            &format!("{name} {what}"),
+            &to_flex(got.unwrap()),
+            &want.unwrap(),
+            grad_tol,
+        );
     }
     let dlambda = to_flex(x.lambda.grad(&grads).unwrap());
-    assert_close(&format!("dlambda {what}"), &dlambda, &r.lambda.grad(&ref_grads).unwrap(), grad_tol);
+    assert_close(
+        &format!("dlambda {what}"),
+        &dlambda,
+        &r.lambda.grad(&ref_grads).unwrap(),
+        grad_tol,
+    );
     // (checked after reading the gradients: under Fusion, kernels run when their output is read)
-    assert!(launches::flash_relation_backward() > before, "{what}: the fused backward did not run");
+    assert!(
+        launches::flash_relation_backward() > before,
+        "{what}: the fused backward did not run"
+    );
 }
 
 #[test]
@@ -173,14 +222,30 @@ fn flash_relation_is_causal_and_first_token_is_self() {
     let other = uniform(dims, 23, 5.0, &device, DType::F32);
     let lambda = Tensor::<1>::from_data([0.5f32], &device);
     let splice = |a: &Tensor<4>| {
-        Tensor::cat(vec![a.clone().narrow(1, 0, keep + 1), other.clone().narrow(1, keep + 1, seq - keep - 1)], 1)
+        Tensor::cat(
+            vec![
+                a.clone().narrow(1, 0, keep + 1),
+                other.clone().narrow(1, keep + 1, seq - keep - 1),
+            ],
+            1,
+        )
     };
-    let run = |p1, p2, info| flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap();
+    let run = |p1, p2, info| {
+        flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap()
+    };
     let before = run(p1.clone(), p2.clone(), info.clone());
     let after = run(splice(&p1), splice(&p2), splice(&info));
     let past = |y: &Tensor<4>| y.clone().narrow(1, 0, keep + 1).into_data();
-    assert_eq!(past(&before), past(&after), "future tokens changed past outputs");
-    assert_eq!(before.narrow(1, 0, 1).into_data(), info.narrow(1, 0, 1).into_data(), "Y_1 != I_1");
+    assert_eq!(
+        past(&before),
+        past(&after),
+        "future tokens changed past outputs"
+    );
+    assert_eq!(
+        before.narrow(1, 0, 1).into_data(),
+        info.narrow(1, 0, 1).into_data(),
+        "Y_1 != I_1"
+    );
 }
 
 #[test]
@@ -188,18 +253,58 @@ fn flash_relation_on_flex_matches_and_limits_are_typed() {
     let flex = Device::flex();
     let c = case([2, 40, 2, 48], 30, 1.5, DType::F32);
     let x = c.on(&flex, DType::F32, false);
-    let auto = flash_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU, Strategy::Auto)
-        .unwrap();
-    let reference = naive_parallel_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU)
-        .unwrap();
-    assert_close("flex auto", &auto, &reference, tolerance(DType::F32, Check::Forward));
-    let err = flash_relation(x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(), DEFAULT_TAU, Strategy::Fused)
-        .unwrap_err();
+    let auto = flash_relation(
+        x.p1.clone(),
+        x.p2.clone(),
+        x.info.clone(),
+        x.lambda.clone(),
+        DEFAULT_TAU,
+        Strategy::Auto,
+    )
+    .unwrap();
+    let reference = naive_parallel_relation(
+        x.p1.clone(),
+        x.p2.clone(),
+        x.info.clone(),
+        x.lambda.clone(),
+        DEFAULT_TAU,
+    )
+    .unwrap();
+    assert_close(
+        "flex auto",
+        &auto,
+        &reference,
+        tolerance(DType::F32, Check::Forward),
+    );
+    let err = flash_relation(
+        x.p1.clone(),
+        x.p2.clone(),
+        x.info.clone(),
+        x.lambda.clone(),
+        DEFAULT_TAU,
+        Strategy::Fused,
+    )
+    .unwrap_err();
     assert!(matches!(err, KernelError::FusedUnavailable { .. }), "{err}");
 
     let device = wgpu();
     let big = uniform([1, 4, 1, 300], 1, 1.0, &device, DType::F32);
     let lambda = Tensor::<1>::from_data([0.5f32], &device);
-    let err = flash_relation(big.clone(), big.clone(), big, lambda, DEFAULT_TAU, Strategy::Fused).unwrap_err();
-    assert_eq!(err, KernelError::HeadDimTooLarge { op: "flash_relation", head_dim: 300, max: 256 });
+    let err = flash_relation(
+        big.clone(),
+        big.clone(),
+        big,
+        lambda,
+        DEFAULT_TAU,
+        Strategy::Fused,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        KernelError::HeadDimTooLarge {
+            op: "flash_relation",
+            head_dim: 300,
+            max: 256
+        }
+    );
 }

@@ -29,7 +29,10 @@ fn self_relation_kernel_matches_reference() {
         let before = launches::self_relation();
         let fused = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, Strategy::Fused).unwrap();
         let values = fused.to_data(); // synchronises
-        assert!(launches::self_relation() > before, "the kernel did not launch");
+        assert!(
+            launches::self_relation() > before,
+            "the kernel did not launch"
+        );
         let expected =
             naive_self_relation(p1.to_device(&flex), p2.to_device(&flex), DEFAULT_TAU).unwrap();
         assert_close(

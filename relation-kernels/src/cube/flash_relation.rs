@@ -504,7 +504,11 @@ pub(crate) fn forward(
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
     let tiling = Tiling::new(&p1.client, d, 2);
     let y = empty_like(&p1, dims.clone());
-    let ibar = if save_ibar { empty_like(&p1, dims.clone()) } else { empty_like(&p1, Shape::new([1])) };
+    let ibar = if save_ibar {
+        empty_like(&p1, dims.clone())
+    } else {
+        empty_like(&p1, Shape::new([1]))
+    };
     let stats = empty_like_dtype(&p1, Shape::new([b, t, h, STATS]), DType::F32);
     let client = p1.client.clone();
     let dtype = p1.dtype;
@@ -619,5 +623,10 @@ pub(crate) fn backward(
         tiling.block_k,
         dtype,
     );
-    Gradients { p1: dp1, p2: dp2, info: dinfo, rows }
+    Gradients {
+        p1: dp1,
+        p2: dp2,
+        info: dinfo,
+        rows,
+    }
 }

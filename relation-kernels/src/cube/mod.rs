@@ -15,7 +15,6 @@ use cubecl::{calculate_cube_count_elemwise, client::Client, prelude::*};
 
 use crate::RelationOps;
 
-
 /// Tile sizes of the row-per-unit kernels, from the device's limits.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Tiling {
@@ -42,7 +41,11 @@ impl Tiling {
 }
 
 fn prev_power_of_two(x: usize) -> usize {
-    if x == 0 { 0 } else { 1 << (usize::BITS - 1 - x.leading_zeros()) }
+    if x == 0 {
+        0
+    } else {
+        1 << (usize::BITS - 1 - x.leading_zeros())
+    }
 }
 
 /// Whether kernel outputs are filled with NaN before launch (tests), see [`crate::debug`].
@@ -88,7 +91,11 @@ pub(crate) fn empty_like(like: &CubeTensor, shape: Shape) -> CubeTensor {
 }
 
 impl RelationOps for CubeBackend {
-    fn self_relation(p1: FloatTensor<Self>, p2: FloatTensor<Self>, scale: f32) -> FloatTensor<Self> {
+    fn self_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
         self_relation::launch(p1, p2, scale)
     }
 
@@ -125,7 +132,12 @@ impl RelationOps for CubeBackend {
         dy: FloatTensor<Self>,
         scale: f32,
         inv_tau: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
         let lambda_dtype = lambda.dtype;
         let grads = flash_relation::backward(p1, p2, info, ibar, stats, dy, scale, inv_tau);
         // dlambda = -sum_i dA_i log i: channel 5 of the per-row tensor, reduced by Burn.
@@ -139,7 +151,10 @@ impl RelationOps for CubeBackend {
                 Slice::from(5..6),
             ],
         );
-        let dlambda = Self::float_neg(Self::float_reshape(Self::float_sum(weighted), Shape::new([1])));
+        let dlambda = Self::float_neg(Self::float_reshape(
+            Self::float_sum(weighted),
+            Shape::new([1]),
+        ));
         let dlambda = Self::float_cast(dlambda, lambda_dtype.into());
         (grads.p1, grads.p2, grads.info, dlambda)
     }

@@ -1,0 +1,287 @@
+//! FlashRelation benchmark: the fused kernel against the materialized reference and Burn's own
+//! causal attention, at the same shapes, on the same device, in the same run.
+//!
+//! ```text
+//! cargo run --release -p relation-examples --example flash_relation_bench --features wgpu -- \
+//!     --device wgpu --seqs 256,512,1024,2048,4096 --iters 5 [--dtype f16] [--out table.md]
+//! ```
+//!
+//! For each `T` it times the forward pass and a training step (forward + backward) of
+//! - **fused**: `relation_kernels::flash_relation` with `Strategy::Fused` (CubeCL devices only),
+//! - **materialized**: `relation_core::naive_parallel_relation` (builds `R`, `T x T` per head),
+//! - **burn attention**: `burn::tensor::module::attention(.., is_causal)` (Burn's flash kernel
+//!   forward on CubeCL; its training falls back to the decomposed form),
+//!
+//! and the memory the device allocator holds after the forward pass with the autodiff graph
+//! alive (what a training step keeps for its backward). Ratios are against the fused kernel.
+//! Software Vulkan (lavapipe) timings are a correctness oracle, not GPU speed.
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{DType, Device, Tensor};
+use relation_core::testing::uniform;
+use relation_core::{DEFAULT_TAU, naive_parallel_relation};
+use relation_kernels::{Strategy, flash_relation, is_cube};
+
+struct Args {
+    device: String,
+    seqs: Vec<usize>,
+    batch: usize,
+    heads: usize,
+    head_dim: usize,
+    iters: usize,
+    dtype: DType,
+    out: Option<String>,
+    skip_materialized_above: usize,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        device: "wgpu".into(),
+        seqs: vec![256, 512, 1024, 2048, 4096],
+        batch: 1,
+        heads: 8,
+        head_dim: 64,
+        iters: 5,
+        dtype: DType::F32,
+        out: None,
+        skip_materialized_above: 8192,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--device" => args.device = value()?,
+            "--seqs" => {
+                args.seqs = value()?
+                    .split(',')
+                    .map(|s| s.parse().map_err(|e| format!("--seqs: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--batch" => args.batch = number(value()?)?,
+            "--heads" => args.heads = number(value()?)?,
+            "--head-dim" => args.head_dim = number(value()?)?,
+            "--iters" => args.iters = number(value()?)?.max(1),
+            "--max-materialized" => args.skip_materialized_above = number(value()?)?,
+            "--dtype" => {
+                args.dtype = match value()?.as_str() {
+                    "f32" => DType::F32,
+                    "f16" => DType::F16,
+                    "bf16" => DType::BF16,
+                    other => return Err(format!("--dtype: unknown `{other}` (f32, f16, bf16)")),
+                }
+            }
+            "--out" => args.out = Some(value()?),
+            "--help" | "-h" => {
+                return Err("flags: --device flex|wgpu|vulkan|cuda --seqs 256,512 --batch 1 --heads 8 \
+                            --head-dim 64 --iters 5 --dtype f32|f16|bf16 --max-materialized 8192 --out FILE"
+                    .into());
+            }
+            other => return Err(format!("unknown flag `{other}` (see --help)")),
+        }
+    }
+    Ok(args)
+}
+
+fn device(name: &str) -> Result<Device, String> {
+    match name {
+        "flex" => Ok(Device::flex()),
+        #[cfg(feature = "wgpu")]
+        "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
+        #[cfg(feature = "vulkan")]
+        "vulkan" => Ok(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Device::cuda(0)),
+        other => Err(format!("device `{other}` is not compiled into this build")),
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Method {
+    Fused,
+    Materialized,
+    BurnAttention,
+}
+
+impl Method {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Fused => "fused",
+            Self::Materialized => "materialized",
+            Self::BurnAttention => "burn attention",
+        }
+    }
+}
+
+/// One forward of `method`; inputs `[B, T, H, D]`.
+fn run(
+    method: Method,
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+) -> Tensor<4> {
+    match method {
+        Method::Fused => {
+            flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("fused")
+        }
+        Method::Materialized => {
+            naive_parallel_relation(p1, p2, info, lambda, DEFAULT_TAU).expect("reference")
+        }
+        Method::BurnAttention => {
+            let options = AttentionModuleOptions {
+                scale: None,
+                softcap: None,
+                is_causal: true,
+            };
+            // Burn's attention takes [B, H, T, D].
+            attention(
+                p1.swap_dims(1, 2),
+                p2.swap_dims(1, 2),
+                info.swap_dims(1, 2),
+                None,
+                None,
+                options,
+            )
+            .swap_dims(1, 2)
+        }
+    }
+}
+
+struct Measure {
+    forward: Duration,
+    train: Duration,
+    held_bytes: Option<u64>,
+}
+
+fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure {
+    let dims = [args.batch, seq, args.heads, args.head_dim];
+    let make = |seed, device: &Device| uniform(dims, seed, 1.0, device, args.dtype);
+    let lambda = |device: &Device| Tensor::<1>::from_data([0.5f32], device).cast(args.dtype);
+
+    // Forward only.
+    let (p1, p2, info) = (make(1, device), make(2, device), make(3, device));
+    let time = |f: &mut dyn FnMut()| {
+        f(); // warm-up (kernel compilation, autotune, allocation)
+        device.sync().expect("sync");
+        let start = Instant::now();
+        for _ in 0..args.iters {
+            f();
+        }
+        device.sync().expect("sync");
+        start.elapsed() / args.iters as u32
+    };
+    let forward = time(&mut || {
+        let _ = run(method, p1.clone(), p2.clone(), info.clone(), lambda(device));
+    });
+
+    // Training step: forward + backward, gradients of every input.
+    let ad = device.clone().autodiff();
+    let (p1, p2, info) = (
+        make(1, &ad).require_grad(),
+        make(2, &ad).require_grad(),
+        make(3, &ad).require_grad(),
+    );
+    let train = time(&mut || {
+        let y = run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad));
+        let grads = y.sum().backward();
+        let _ = (p1.grad(&grads), p2.grad(&grads), info.grad(&grads));
+    });
+
+    // Memory held after the forward with the graph alive.
+    device.memory_cleanup();
+    let base = device.memory_pool_usage().map(|u| u.bytes_in_use);
+    let y = run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad));
+    device.sync().expect("sync");
+    let held = device.memory_pool_usage().map(|u| u.bytes_in_use);
+    drop(y);
+    Measure {
+        forward,
+        train,
+        held_bytes: base.zip(held).map(|(b, h)| h.saturating_sub(b)),
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2}", d.as_secs_f64() * 1e3)
+}
+
+fn mib(bytes: Option<u64>) -> String {
+    bytes.map_or("n/a".into(), |b| {
+        format!("{:.1}", b as f64 / (1 << 20) as f64)
+    })
+}
+
+fn main() {
+    let args = match parse() {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let device = match device(&args.device) {
+        Ok(device) => device,
+        Err(message) => {
+            eprintln!("{message}");
+            std::process::exit(2);
+        }
+    };
+    let methods: Vec<Method> = if is_cube(&device) {
+        vec![Method::Fused, Method::Materialized, Method::BurnAttention]
+    } else {
+        vec![Method::Materialized, Method::BurnAttention]
+    };
+    let mut table = String::new();
+    table += &format!(
+        "FlashRelation benchmark on {:?} ({}), B = {}, H = {}, D = {}, {:?}, mean of {} iterations\n\n",
+        device,
+        device
+            .identity()
+            .map_or("unknown adapter".into(), |i| i.name),
+        args.batch,
+        args.heads,
+        args.head_dim,
+        args.dtype,
+        args.iters
+    );
+    table += "| T | method | forward ms | train ms | held after fwd MiB | fwd / fused | train / fused |\n";
+    table += "|---|---|---|---|---|---|---|\n";
+    print!("{table}");
+    for &seq in &args.seqs {
+        let mut fused: Option<Measure> = None;
+        for &method in &methods {
+            if matches!(method, Method::Materialized) && seq > args.skip_materialized_above {
+                continue;
+            }
+            let m = measure(method, &args, &device, seq);
+            let ratio = |a: Duration, b: Option<Duration>| {
+                b.map_or("-".into(), |b| {
+                    format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
+                })
+            };
+            let row = format!(
+                "| {seq} | {} | {} | {} | {} | {} | {} |\n",
+                method.name(),
+                ms(m.forward),
+                ms(m.train),
+                mib(m.held_bytes),
+                ratio(m.forward, fused.as_ref().map(|f| f.forward)),
+                ratio(m.train, fused.as_ref().map(|f| f.train)),
+            );
+            print!("{row}");
+            std::io::stdout().flush().ok();
+            table += &row;
+            if matches!(method, Method::Fused) {
+                fused = Some(m);
+            }
+        }
+    }
+    if let Some(path) = &args.out {
+        std::fs::write(path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+}

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Build, here, what a lent GPU machine runs (it has no Rust toolchain and no network):
+# the kernel test binary and the benchmark, with the `vulkan` feature (SPIR-V on a real GPU;
+# the `cuda` runtime needs an LLVM bundle that cannot be downloaded here). Binaries are stripped
+# and xz-compressed into .gpu/ (git-ignored), with the Vulkan loader packages in .gl/.
+# Then, with the device tool: carry [".gpu", ".gl"], command `bash scripts/gpu/run.sh`.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
+mkdir -p .gpu
+grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+
+tests=$(cargo test --release -p relation-kernels --features vulkan --no-run --message-format=json 2>/dev/null \
+  | python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="kernels": print(m["executable"])')
+cargo build --release -p relation-examples --example flash_relation_bench --features vulkan
+bench="$CARGO_TARGET_DIR/release/examples/flash_relation_bench"
+for pair in "kernels:$tests" "flash_relation_bench:$bench"; do
+  name=${pair%%:*}; path=${pair#*:}
+  strip -o ".gpu/$name" "$path"
+  xz -T2 -6 -f ".gpu/$name"
+done
+ls -la .gpu
+
+# The Vulkan loader for the GPU machine (see the device tool's README).
+if [ ! -d .gl ]; then
+  grep -qx '/.gl/' .git/info/exclude || echo '/.gl/' >> .git/info/exclude
+  mkdir -p .gl /tmp/amd64/partial
+  o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+  apt-get $o update -qq
+  (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
+fi
+du -sh .gpu .gl

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine (no toolchain, no network), from the repository root, with .gpu/
+# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT; about 5 minutes.
+set -uo pipefail
+OUT="${OUT:-/tmp/relation-gpu}"
+mkdir -p "$OUT"
+for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
+if ! ls /usr/share/vulkan/icd.d/*nvidia* /etc/vulkan/icd.d/*nvidia* >/dev/null 2>&1 \
+   && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+mkdir -p /tmp/bin
+for b in kernels flash_relation_bench; do xz -dc ".gpu/$b.xz" > "/tmp/bin/$b"; chmod +x "/tmp/bin/$b"; done
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
+
+# 1. Kernel tests on the GPU (Device::wgpu picks the GPU through Vulkan / SPIR-V).
+timeout 240 /tmp/bin/kernels --test-threads 1 > "$OUT/kernel-tests.log" 2>&1
+echo "kernel tests exit $?" >> "$OUT/kernel-tests.log"
+tail -3 "$OUT/kernel-tests.log"
+
+# 2. Benchmarks: forward and training, fused vs materialized vs Burn attention.
+timeout 150 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
+  --dtype f32 --out "$OUT/flash_relation_f32.md" > "$OUT/bench-f32.log" 2>&1
+timeout 120 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
+  --dtype f16 --out "$OUT/flash_relation_f16.md" > "$OUT/bench-f16.log" 2>&1
+cat "$OUT"/flash_relation_*.md
