@@ -13,6 +13,7 @@
 //! |---|---|---|
 //! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `cube::self_relation` |
 //! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `cube::flash_relation` |
+//! | [`linear_relation`], [`linear_relation_step`], forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `cube::linear_relation` (fused recurrent) |
 //!
 //! [`Device`]: burn::tensor::Device
 
@@ -21,12 +22,16 @@ mod autodiff;
 pub mod cube;
 mod error;
 mod flash_relation;
+mod linear_relation;
 mod ops;
 mod self_relation;
 mod strategy;
 
 pub use error::{KernelError, Result};
 pub use flash_relation::{MAX_HEAD_DIM, flash_relation, flash_relation_with_stats};
+pub use linear_relation::{
+    MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, linear_relation, linear_relation_step,
+};
 pub use ops::RelationOps;
 pub use self_relation::self_relation;
 pub use strategy::{Strategy, is_cube};
@@ -41,6 +46,8 @@ pub mod launches {
     pub(crate) static SELF_RELATION: AtomicUsize = AtomicUsize::new(0);
     pub(crate) static FLASH_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
     pub(crate) static FLASH_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static LINEAR_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
 
     /// Launches of the `self_relation` kernel.
     pub fn self_relation() -> usize {
@@ -50,6 +57,16 @@ pub mod launches {
     /// Launches of the FlashRelation forward kernel.
     pub fn flash_relation_forward() -> usize {
         FLASH_RELATION_FWD.load(Ordering::SeqCst)
+    }
+
+    /// Launches of the Linear Relation forward kernel.
+    pub fn linear_relation_forward() -> usize {
+        LINEAR_RELATION_FWD.load(Ordering::SeqCst)
+    }
+
+    /// Launches of the Linear Relation backward kernels (counted once per backward pass).
+    pub fn linear_relation_backward() -> usize {
+        LINEAR_RELATION_BWD.load(Ordering::SeqCst)
     }
 
     /// Launches of the FlashRelation backward kernels (counted once per backward pass).

@@ -73,6 +73,46 @@ pub trait RelationOps: Backend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     );
+
+    /// Linear Relation over prepared vectors (`q = S p̂1`, `k = S p̂2`, `v = Ĩ`, `g = log alpha`,
+    /// initial state `h0`), differentiable.
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`
+    /// - output: `[B, H, T + D, D]`, rows `0..T` are `y` (heads first), rows `T..` the final state
+    #[fusion(dtype = q, shape = bundled_shape(q))]
+    fn linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+
+    /// Linear Relation backward: `(dq, dk, dv, dg, dh0)` from the forward output and its gradient.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = |q, k, v, g, h0, _out, _d_out| (q.clone(), k.clone(), v.clone(), g.clone(), h0.clone()))]
+    fn linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+}
+
+/// `[B, T, H, D]` -> `[B, H, T + D, D]`: Linear Relation's bundled output (`y` then the state).
+#[cfg(feature = "cube")]
+fn bundled_shape(x: &burn::tensor::Shape) -> burn::tensor::Shape {
+    burn::tensor::Shape::new([x[0], x[2], x[1] + x[3], x[3]])
 }
 
 /// `[B, T, H, D]` -> `[B, T, H]`: the shape of per-row outputs.

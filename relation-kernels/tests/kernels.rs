@@ -8,4 +8,6 @@ mod strategy;
 #[cfg(feature = "wgpu")]
 mod flash_relation;
 #[cfg(feature = "wgpu")]
+mod linear_relation;
+#[cfg(feature = "wgpu")]
 mod wgpu_smoke;

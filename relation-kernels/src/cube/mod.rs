@@ -6,6 +6,7 @@
 //! reported limits rather than from a hard-coded warp size.
 
 mod flash_relation;
+mod linear_relation;
 mod self_relation;
 
 use burn::backend::{cubecl::dtype_to_storage_type, ops::FloatTensorOps, tensor::FloatTensor};
@@ -157,5 +158,58 @@ impl RelationOps for CubeBackend {
         ));
         let dlambda = Self::float_cast(dlambda, lambda_dtype.into());
         (grads.p1, grads.p2, grads.info, dlambda)
+    }
+
+    fn linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        linear_relation::forward(q, k, v, g, h0)
+    }
+
+    fn linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let dims = q.meta.shape().clone();
+        let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+        let (dq, dk, dv, dh0) =
+            linear_relation::backward(q.clone(), k.clone(), v, g, h0, d_out.clone());
+        // dL/db_t = q ⊙ dq - k ⊙ dk, reverse-cumulated over t (see the kernel module's docs).
+        let per_token = Self::float_sub(
+            Self::float_mul(q, dq.clone()),
+            Self::float_mul(k, dk.clone()),
+        ); // [B, T, H, D]
+        let reversed = Self::float_flip(
+            Self::float_cumsum(Self::float_flip(per_token, &[1]), 1),
+            &[1],
+        );
+        // + sum_c dC_T[:, c] ⊙ C_T[:, c], the final state's own dependence on b_T.
+        let state_rows = [
+            Slice::from(0..b),
+            Slice::from(0..h),
+            Slice::from(t..t + d),
+            Slice::from(0..d),
+        ];
+        let state = Self::float_slice(out, &state_rows); // [B, H, D, D]
+        let d_state = Self::float_slice(d_out, &state_rows); // [B, H, D, D]
+        let from_state = Self::float_sum_dim(Self::float_mul(state, d_state), 3); // [B, H, D, 1]
+        let from_state = Self::float_reshape(from_state, Shape::new([b, 1, h, d])); // [B, 1, H, D]
+        let dg = Self::float_add(reversed, from_state);
+        (dq, dk, dv, dg, dh0)
     }
 }

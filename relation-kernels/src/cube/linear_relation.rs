@@ -1,0 +1,454 @@
+//! Linear Relation, fused recurrent kernels (spec §3): forward, backward, decoding steps.
+//!
+//! The kernels take the prepared per-token vectors (the Tensor-level caller computes `S_t` and
+//! the L2 normalisation with differentiable tensor ops):
+//!
+//! ```text
+//! q_t = S_t p̂1_t,  k_t = S_t p̂2_t,  v_t = Ĩ_t,  g_t = log alpha_t   (all [B, T, H, D])
+//! C_t^- = Diag(e^{g_t}) C_{t-1};   E_t = (C_t^-)^T q_t;   y_t = v_t + E_t;   C_t = C_t^- + k_t v_t^T
+//! ```
+//!
+//! One cube per `(b, h)`, one unit per state column or row, tokens streamed through shared
+//! memory in tiles. The state never leaves registers; memory is `O(T D)` and time `O(T D^2)`
+//! with no `T x T` term. Each kernel owns either the columns or the rows of `C`, chosen so that
+//! every sum is local to a unit (no cross-unit reductions, no atomics: deterministic):
+//!
+//! | kernel | owns | time | computes |
+//! |---|---|---|---|
+//! | forward | column `c` | forward | `E_t[c] = sum_k q_t[k] C^-[k,c]`, `C_T[:, c]` |
+//! | `dq` | row `k` | forward | `dq_t[k] = sum_c C_t^-[k,c] dy_t[c]` |
+//! | `dk`, `dC_0` | row `k` | reverse | `dk_t[k] = sum_c dC_t[k,c] v_t[c]` |
+//! | `dv` | column `c` | reverse | `dv_t[c] = dy_t[c] + sum_k dC_t[k,c] k_t[k]` |
+//!
+//! with the state gradient recursion `dC_{t-1} = Diag(e^{g_t}) (dC_t + q_t dy_t^T)` from
+//! `dC_T` (the gradient of the returned final state). The gate gradient needs no kernel: with
+//! cumulative gates `b_t = sum_{s<=t} g_s`, every term of `E` and `C_T` carries
+//! `e^{b_t - b_j}` (query side `q_t`, key side `k_j`), so
+//! `dL/db_t = q_t ⊙ dq_t - k_t ⊙ dk_t` (+ `sum_c dC_T[:,c] ⊙ C_T[:,c]` at `t = T`), and
+//! `dg_s = sum_{t >= s} dL/db_t`: a reverse cumulative sum, done with tensor operations.
+//!
+//! Output and its gradient are bundled in one tensor `[B, H, T + D, D]` (rows `0..T` are `y` in
+//! heads-first layout, rows `T..T+D` the final state `C_T[k, c]`), because an autodiff node has
+//! one output.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::Shape;
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
+use cubecl::prelude::*;
+
+use super::empty_like;
+use crate::launches;
+
+/// Tokens per shared-memory tile.
+const TOKENS: usize = 16;
+
+/// Loads `TOKENS` rows of up to four `[B, T, H, D]` tensors starting at token `t0` into shared
+/// tiles (zeros past the end); gates are stored as `e^{g}`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_tile<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut Shared<[f32]>,
+    base: usize,
+    row_stride: usize,
+    t0: usize,
+    seq: usize,
+    #[comptime] exp: bool,
+    #[comptime] head_dim: usize,
+) {
+    let mut idx = UNIT_POS_X as usize;
+    while idx < TOKENS * head_dim {
+        let t = t0 + idx / head_dim;
+        let d = idx % head_dim;
+        let mut x = f32::new(0.0);
+        if t < seq {
+            x = f32::cast_from(src[base + t * row_stride + d]);
+            if comptime!(exp) {
+                x = x.exp();
+            }
+        }
+        tile[idx] = x;
+        idx += CUBE_DIM_X as usize;
+    }
+}
+
+/// Forward: one unit per state column `c`.
+#[cube(launch)]
+fn linear_relation_fwd_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    h0: &Tensor<F>,
+    out: &mut Tensor<F>,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim;
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let h0_base = bh * head_dim * head_dim; // [B, H, D, D]
+    let c = UNIT_POS_X as usize;
+
+    let mut state = Array::<f32>::new(head_dim); // C[:, c]
+    #[unroll]
+    for kk in 0..head_dim {
+        state[kk] = f32::cast_from(h0[h0_base + kk * head_dim + c]);
+    }
+    let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+
+    for tile in 0..seq.div_ceil(TOKENS) {
+        let t0 = tile * TOKENS;
+        load_tile::<F>(q, &mut q_tile, base, row_stride, t0, seq, false, head_dim);
+        load_tile::<F>(k, &mut k_tile, base, row_stride, t0, seq, false, head_dim);
+        load_tile::<F>(g, &mut a_tile, base, row_stride, t0, seq, true, head_dim);
+        load_tile::<F>(v, &mut v_tile, base, row_stride, t0, seq, false, head_dim);
+        sync_cube();
+        let mut n = seq - t0;
+        if n > TOKENS {
+            n = TOKENS;
+        }
+        for tt in 0..n {
+            let row = tt * head_dim;
+            let mut read = f32::new(0.0);
+            #[unroll]
+            for kk in 0..head_dim {
+                state[kk] *= a_tile[row + kk]; // retain
+                read += q_tile[row + kk] * state[kk]; // ask others, before the write
+            }
+            let vc = v_tile[row + c];
+            out[out_base + (t0 + tt) * head_dim + c] = F::cast_from(vc + read);
+            #[unroll]
+            for kk in 0..head_dim {
+                state[kk] += k_tile[row + kk] * vc; // become others
+            }
+        }
+        sync_cube();
+    }
+    #[unroll]
+    for kk in 0..head_dim {
+        out[out_base + (seq + kk) * head_dim + c] = F::cast_from(state[kk]);
+    }
+}
+
+/// `dq`: one unit per state row `k`, forward time, recomputing `C` from `C_0`.
+#[cube(launch)]
+fn linear_relation_dq_kernel<F: Float>(
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    h0: &Tensor<F>,
+    d_out: &Tensor<F>,
+    dq: &mut Tensor<F>,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = k.shape(1);
+    let heads = k.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let head = bh % heads;
+    let batch = bh / heads;
+    let row_stride = heads * head_dim;
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim;
+    let r = UNIT_POS_X as usize;
+
+    let mut state = Array::<f32>::new(head_dim); // C[r, :]
+    #[unroll]
+    for cc in 0..head_dim {
+        state[cc] = f32::cast_from(h0[bh * head_dim * head_dim + r * head_dim + cc]);
+    }
+    let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    for tile in 0..seq.div_ceil(TOKENS) {
+        let t0 = tile * TOKENS;
+        load_tile::<F>(v, &mut v_tile, base, row_stride, t0, seq, false, head_dim);
+        // dy rows of the bundled gradient [B, H, T + D, D]
+        let mut idx = UNIT_POS_X as usize;
+        while idx < TOKENS * head_dim {
+            let t = t0 + idx / head_dim;
+            let mut x = f32::new(0.0);
+            if t < seq {
+                x = f32::cast_from(d_out[out_base + t * head_dim + idx % head_dim]);
+            }
+            dy_tile[idx] = x;
+            idx += CUBE_DIM_X as usize;
+        }
+        sync_cube();
+        let mut n = seq - t0;
+        if n > TOKENS {
+            n = TOKENS;
+        }
+        for tt in 0..n {
+            let t = t0 + tt;
+            let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
+            let kr = f32::cast_from(k[base + t * row_stride + r]);
+            let row = tt * head_dim;
+            let mut acc = f32::new(0.0);
+            #[unroll]
+            for cc in 0..head_dim {
+                state[cc] *= alpha;
+                acc += state[cc] * dy_tile[row + cc];
+            }
+            dq[base + t * row_stride + r] = F::cast_from(acc);
+            #[unroll]
+            for cc in 0..head_dim {
+                state[cc] += kr * v_tile[row + cc];
+            }
+        }
+        sync_cube();
+    }
+}
+
+/// `dk` and `dC_0`: one unit per state row `k`, reverse time.
+#[cube(launch)]
+fn linear_relation_dk_kernel<F: Float>(
+    q: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    d_out: &Tensor<F>,
+    dk: &mut Tensor<F>,
+    dh0: &mut Tensor<F>,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let head = bh % heads;
+    let batch = bh / heads;
+    let row_stride = heads * head_dim;
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim;
+    let r = UNIT_POS_X as usize;
+
+    let mut grad = Array::<f32>::new(head_dim); // dC[r, :], from dC_T
+    #[unroll]
+    for cc in 0..head_dim {
+        grad[cc] = f32::cast_from(d_out[out_base + (seq + r) * head_dim + cc]);
+    }
+    let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let tiles = seq.div_ceil(TOKENS);
+    for step in 0..tiles {
+        let t0 = (tiles - 1 - step) * TOKENS;
+        load_tile::<F>(v, &mut v_tile, base, row_stride, t0, seq, false, head_dim);
+        let mut idx = UNIT_POS_X as usize;
+        while idx < TOKENS * head_dim {
+            let t = t0 + idx / head_dim;
+            let mut x = f32::new(0.0);
+            if t < seq {
+                x = f32::cast_from(d_out[out_base + t * head_dim + idx % head_dim]);
+            }
+            dy_tile[idx] = x;
+            idx += CUBE_DIM_X as usize;
+        }
+        sync_cube();
+        let mut n = seq - t0;
+        if n > TOKENS {
+            n = TOKENS;
+        }
+        for back in 0..n {
+            let tt = n - 1 - back;
+            let t = t0 + tt;
+            let row = tt * head_dim;
+            let mut acc = f32::new(0.0);
+            #[unroll]
+            for cc in 0..head_dim {
+                acc += grad[cc] * v_tile[row + cc]; // dk_t = dC_t v_t
+            }
+            dk[base + t * row_stride + r] = F::cast_from(acc);
+            let qr = f32::cast_from(q[base + t * row_stride + r]);
+            let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
+            #[unroll]
+            for cc in 0..head_dim {
+                grad[cc] = alpha * (grad[cc] + qr * dy_tile[row + cc]); // dC_{t-1}
+            }
+        }
+        sync_cube();
+    }
+    #[unroll]
+    for cc in 0..head_dim {
+        dh0[bh * head_dim * head_dim + r * head_dim + cc] = F::cast_from(grad[cc]);
+    }
+}
+
+/// `dv`: one unit per state column `c`, reverse time.
+#[cube(launch)]
+fn linear_relation_dv_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    g: &Tensor<F>,
+    d_out: &Tensor<F>,
+    dv: &mut Tensor<F>,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let head = bh % heads;
+    let batch = bh / heads;
+    let row_stride = heads * head_dim;
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim;
+    let c = UNIT_POS_X as usize;
+
+    let mut grad = Array::<f32>::new(head_dim); // dC[:, c]
+    #[unroll]
+    for kk in 0..head_dim {
+        grad[kk] = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + c]);
+    }
+    let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
+    let tiles = seq.div_ceil(TOKENS);
+    for step in 0..tiles {
+        let t0 = (tiles - 1 - step) * TOKENS;
+        load_tile::<F>(q, &mut q_tile, base, row_stride, t0, seq, false, head_dim);
+        load_tile::<F>(k, &mut k_tile, base, row_stride, t0, seq, false, head_dim);
+        load_tile::<F>(g, &mut a_tile, base, row_stride, t0, seq, true, head_dim);
+        sync_cube();
+        let mut n = seq - t0;
+        if n > TOKENS {
+            n = TOKENS;
+        }
+        for back in 0..n {
+            let tt = n - 1 - back;
+            let t = t0 + tt;
+            let row = tt * head_dim;
+            let dy = f32::cast_from(d_out[out_base + t * head_dim + c]);
+            let mut acc = dy;
+            #[unroll]
+            for kk in 0..head_dim {
+                acc += grad[kk] * k_tile[row + kk]; // dv_t = dy_t + dC_t^T k_t
+            }
+            dv[base + t * row_stride + c] = F::cast_from(acc);
+            #[unroll]
+            for kk in 0..head_dim {
+                grad[kk] = a_tile[row + kk] * (grad[kk] + q_tile[row + kk] * dy);
+            }
+        }
+        sync_cube();
+    }
+}
+
+fn contiguous(x: CubeTensor) -> CubeTensor {
+    into_contiguous(x)
+}
+
+/// Forward: `[B, H, T + D, D]` bundle of `y` (heads first) and the final state.
+pub(crate) fn forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    g: CubeTensor,
+    h0: CubeTensor,
+) -> CubeTensor {
+    launches::record(&launches::LINEAR_RELATION_FWD);
+    let (q, k, v, g, h0) = (
+        contiguous(q),
+        contiguous(k),
+        contiguous(v),
+        contiguous(g),
+        contiguous(h0),
+    );
+    let dims = q.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let out = empty_like(&q, Shape::new([b, h, t + d, d]));
+    let client = q.client.clone();
+    let dtype = dtype_to_storage_type(q.dtype);
+    linear_relation_fwd_kernel::launch(
+        &client,
+        CubeCount::Static((b * h) as u32, 1, 1),
+        CubeDim::new_1d(d as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        g.into_tensor_arg(),
+        h0.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        d,
+        dtype,
+    );
+    out
+}
+
+/// Gradients `(dq, dk, dv, dh0)` from the bundled output gradient (the gate gradient is formed
+/// by the caller from these, see the module docs).
+pub(crate) fn backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    g: CubeTensor,
+    h0: CubeTensor,
+    d_out: CubeTensor,
+) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
+    launches::record(&launches::LINEAR_RELATION_BWD);
+    let (q, k, v, g, h0, d_out) = (
+        contiguous(q),
+        contiguous(k),
+        contiguous(v),
+        contiguous(g),
+        contiguous(h0),
+        contiguous(d_out),
+    );
+    let dims = q.meta.shape().clone();
+    let (b, h, d) = (dims[0], dims[2], dims[3]);
+    let client = q.client.clone();
+    let dtype = dtype_to_storage_type(q.dtype);
+    let count = CubeCount::Static((b * h) as u32, 1, 1);
+    let cube_dim = CubeDim::new_1d(d as u32);
+
+    let dq = empty_like(&q, dims.clone());
+    linear_relation_dq_kernel::launch(
+        &client,
+        count.clone(),
+        cube_dim,
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        g.clone().into_tensor_arg(),
+        h0.into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        dq.clone().into_tensor_arg(),
+        d,
+        dtype,
+    );
+    let dk = empty_like(&q, dims.clone());
+    let dh0 = empty_like(&q, Shape::new([b, h, d, d]));
+    linear_relation_dk_kernel::launch(
+        &client,
+        count.clone(),
+        cube_dim,
+        q.clone().into_tensor_arg(),
+        v.into_tensor_arg(),
+        g.clone().into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        dk.clone().into_tensor_arg(),
+        dh0.clone().into_tensor_arg(),
+        d,
+        dtype,
+    );
+    let dv = empty_like(&q, dims);
+    linear_relation_dv_kernel::launch(
+        &client,
+        count,
+        cube_dim,
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        g.into_tensor_arg(),
+        d_out.into_tensor_arg(),
+        dv.clone().into_tensor_arg(),
+        d,
+        dtype,
+    );
+    (dq, dk, dv, dh0)
+}

@@ -1,0 +1,147 @@
+//! Tensor-level entry points of Linear Relation.
+
+use burn::backend::Dispatch;
+use burn::tensor::Tensor;
+use relation_core::{
+    LinearRelationOutput, check, l2_normalize, naive_chunk_linear_relation,
+    naive_recurrent_linear_relation, naive_self_relation,
+};
+
+use crate::{KernelError, RelationOps, Result, Strategy};
+
+/// Largest head dimension of the fused Linear Relation kernels (one unit per state row/column).
+pub const MAX_LINEAR_HEAD_DIM: usize = 256;
+
+/// Chunk size of the reference fallback (`naive_chunk_linear_relation`).
+pub const REFERENCE_CHUNK: usize = 64;
+
+fn check_inputs(
+    p1: &Tensor<4>,
+    p2: &Tensor<4>,
+    info: &Tensor<4>,
+    log_alpha: &Tensor<4>,
+    tau: f64,
+    state: Option<&Tensor<4>>,
+) -> Result<check::Bthd> {
+    let dims = check::relation_inputs(p1, p2, info, tau)?;
+    check::same_bthd("log_alpha", log_alpha, "p1", &dims)?;
+    check::same_device("log_alpha", log_alpha, p1)?;
+    if let Some(state) = state {
+        let [b, _, h, d] = dims.dims();
+        check::exact_shape("initial_state", state, "[B, H, D, D]", [b, h, d, d])?;
+        check::same_device("initial_state", state, p1)?;
+    }
+    Ok(dims)
+}
+
+/// The fused path: prepare `q = S p̂1`, `k = S p̂2` with tensor ops (differentiable), run the
+/// kernel, split the bundled output.
+fn fused(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    state: Option<Tensor<4>>,
+    dims: check::Bthd,
+) -> Result<LinearRelationOutput> {
+    let [b, t, h, d] = dims.dims();
+    if d > MAX_LINEAR_HEAD_DIM {
+        return Err(KernelError::HeadDimTooLarge {
+            op: "linear_relation",
+            head_dim: d,
+            max: MAX_LINEAR_HEAD_DIM,
+        });
+    }
+    let s = naive_self_relation(p1.clone(), p2.clone(), tau)?.unsqueeze_dim::<4>(3); // [B, T, H, 1]
+    let q = l2_normalize(p1) * s.clone(); // S_t p̂1_t
+    let k = l2_normalize(p2) * s; // S_t p̂2_t
+    let state = state.unwrap_or_else(|| Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())));
+    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation(
+        q.into_dispatch(),
+        k.into_dispatch(),
+        info.into_dispatch(),
+        log_alpha.into_dispatch(),
+        state.into_dispatch(),
+    )); // [B, H, T + D, D]
+    Ok(LinearRelationOutput {
+        y: out.clone().narrow(2, 0, t).swap_dims(1, 2), // [B, T, H, D]
+        state: out.narrow(2, t, d),                     // [B, H, D, D]
+    })
+}
+
+/// Linear Relation (spec §3) over a sequence, carrying a state in and out, on any device.
+///
+/// On CubeCL devices the fused recurrent kernels run (state in registers, `O(T D)` memory, a
+/// fused backward for `p1`, `p2`, `info`, `log_alpha` and `initial_state` under autodiff).
+/// `S_t` and the L2 normalisation are computed here with tensor ops, so their gradients come
+/// from Burn's autodiff. Elsewhere (or with [`Strategy::Reference`]) it is
+/// `relation_core::naive_chunk_linear_relation` with chunks of [`REFERENCE_CHUNK`].
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`, `log_alpha`: `[B, T, H, D]` (`log_alpha <= 0`)
+/// - `initial_state`: `[B, H, D, D]` (zeros when `None`)
+/// - output: `y` `[B, T, H, D]`, `state` `[B, H, D, D]`
+///
+/// # Errors
+/// Everything the references refuse, plus [`KernelError::FusedUnavailable`] and
+/// [`KernelError::HeadDimTooLarge`] on the fused path.
+pub fn linear_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    initial_state: Option<Tensor<4>>,
+    strategy: Strategy,
+) -> Result<LinearRelationOutput> {
+    let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
+    if strategy.use_fused("linear_relation", &p1.device())? {
+        fused(p1, p2, info, log_alpha, tau, initial_state, dims)
+    } else {
+        Ok(naive_chunk_linear_relation(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            initial_state,
+            REFERENCE_CHUNK,
+        )?)
+    }
+}
+
+/// Decoding: advance a Linear Relation state by one token (or a few), returning their outputs
+/// and the new state. The same fused kernel as [`linear_relation`]; the reference is the token
+/// loop `naive_recurrent_linear_relation`.
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`, `log_alpha`: `[B, T, H, D]`, usually `T = 1`
+/// - `state`: `[B, H, D, D]`
+/// - output: `y` `[B, T, H, D]`, `state` `[B, H, D, D]`
+///
+/// # Errors
+/// As [`linear_relation`].
+pub fn linear_relation_step(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    state: Tensor<4>,
+    strategy: Strategy,
+) -> Result<LinearRelationOutput> {
+    let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, Some(&state))?;
+    if strategy.use_fused("linear_relation_step", &p1.device())? {
+        fused(p1, p2, info, log_alpha, tau, Some(state), dims)
+    } else {
+        Ok(naive_recurrent_linear_relation(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            Some(state),
+        )?)
+    }
+}

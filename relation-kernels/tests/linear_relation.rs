@@ -1,0 +1,243 @@
+//! Linear Relation's fused kernels on `Device::wgpu` against the `relation-core` token loop on
+//! Flex: outputs, final state and every gradient; state carry; prefill then decode.
+
+use burn::tensor::{DType, Device, DeviceKind, Tensor, TensorData};
+use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use relation_core::{DEFAULT_TAU, LinearRelationOutput, naive_recurrent_linear_relation};
+use relation_kernels::{Strategy, debug, launches, linear_relation, linear_relation_step};
+
+fn wgpu() -> Device {
+    let device = Device::wgpu(DeviceKind::DefaultDevice);
+    device
+        .identity()
+        .expect("no wgpu adapter: kernel tests must not be skipped");
+    device
+}
+
+/// Inputs in f32 on Flex, rounded through `dtype`: `[p1, p2, info, log_alpha]`, the initial
+/// state, and the loss weights of `y` and of the final state.
+struct Case {
+    inputs: [TensorData; 4],
+    state: Option<TensorData>,
+    w_y: TensorData,
+    w_state: TensorData,
+}
+
+fn case(dims: [usize; 4], seed: u64, gate: (f64, f64), with_state: bool, dtype: DType) -> Case {
+    let flex = Device::flex();
+    let [b, _, h, d] = dims;
+    let round = |x: Tensor<4>| x.cast(dtype).cast(DType::F32).into_data();
+    let (low, high) = gate; // log gates uniform in [low, high]
+    let gates = uniform(dims, seed + 3, (high - low) / 2.0, &flex, DType::F32) + (high + low) / 2.0;
+    Case {
+        inputs: [
+            round(uniform(dims, seed, 1.0, &flex, DType::F32)),
+            round(uniform(dims, seed + 1, 1.0, &flex, DType::F32)),
+            round(uniform(dims, seed + 2, 1.0, &flex, DType::F32)),
+            round(gates),
+        ],
+        state: with_state.then(|| round(uniform([b, h, d, d], seed + 4, 0.5, &flex, DType::F32))),
+        w_y: round(uniform(dims, seed + 5, 1.0, &flex, DType::F32)),
+        w_state: round(uniform([b, h, d, d], seed + 6, 1.0, &flex, DType::F32)),
+    }
+}
+
+struct On {
+    inputs: Vec<Tensor<4>>,
+    state: Option<Tensor<4>>,
+}
+
+impl Case {
+    fn on(&self, device: &Device, dtype: DType, grad: bool) -> On {
+        let t = |d: &TensorData| {
+            let x = Tensor::<4>::from_data(d.clone(), (device, dtype));
+            if grad { x.require_grad() } else { x }
+        };
+        On {
+            inputs: self.inputs.iter().map(t).collect(),
+            state: self.state.as_ref().map(t),
+        }
+    }
+
+    fn loss(&self, out: &LinearRelationOutput, device: &Device, dtype: DType) -> Tensor<1> {
+        let w_y = Tensor::<4>::from_data(self.w_y.clone(), (device, dtype));
+        let w_state = Tensor::<4>::from_data(self.w_state.clone(), (device, dtype));
+        (out.y.clone() * w_y).sum() + (out.state.clone() * w_state).sum()
+    }
+}
+
+fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
+    Tensor::from_data(x.into_data().convert::<f32>(), &Device::flex())
+}
+
+fn run(x: &On, strategy: Strategy) -> LinearRelationOutput {
+    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+    linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone(), strategy).unwrap()
+}
+
+fn reference(x: &On) -> LinearRelationOutput {
+    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+    naive_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone()).unwrap()
+}
+
+fn check_case(dims: [usize; 4], dtype: DType, seed: u64, gate: (f64, f64), with_state: bool) {
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let flex = Device::flex();
+    let what = format!("{dims:?} {dtype:?} gates {gate:?} state {with_state}");
+    let c = case(dims, seed, gate, with_state, dtype);
+    let (fwd_tol, grad_tol) = (
+        tolerance(dtype, Check::Forward),
+        tolerance(dtype, Check::Gradient),
+    );
+
+    let before = launches::linear_relation_forward();
+    let fused = run(&c.on(&device, dtype, false), Strategy::Fused);
+    let expected = reference(&c.on(&flex, DType::F32, false));
+    assert_close(
+        &format!("Y {what}"),
+        &to_flex(fused.y),
+        &expected.y,
+        fwd_tol,
+    );
+    assert_close(
+        &format!("state {what}"),
+        &to_flex(fused.state),
+        &expected.state,
+        fwd_tol,
+    );
+    assert!(
+        launches::linear_relation_forward() > before,
+        "{what}: the fused forward did not run"
+    );
+
+    let ad = device.clone().autodiff();
+    let x = c.on(&ad, dtype, true);
+    let before = launches::linear_relation_backward();
+    let grads = c.loss(&run(&x, Strategy::Fused), &ad, dtype).backward();
+    let flex_ad = flex.clone().autodiff();
+    let r = c.on(&flex_ad, DType::F32, true);
+    let ref_grads = c.loss(&reference(&r), &flex_ad, DType::F32).backward();
+    for (i, name) in ["dp1", "dp2", "dI", "dlog_alpha"].iter().enumerate() {
+        let got = to_flex(x.inputs[i].grad(&grads).unwrap());
+        assert_close(
+            &format!("{name} {what}"),
+            &got,
+            &r.inputs[i].grad(&ref_grads).unwrap(),
+            grad_tol,
+        );
+    }
+    if let (Some(s), Some(rs)) = (&x.state, &r.state) {
+        let got = to_flex(s.grad(&grads).unwrap());
+        assert_close(
+            &format!("dstate {what}"),
+            &got,
+            &rs.grad(&ref_grads).unwrap(),
+            grad_tol,
+        );
+    }
+    assert!(
+        launches::linear_relation_backward() > before,
+        "{what}: the fused backward did not run"
+    );
+}
+
+#[test]
+fn linear_relation_f32_shapes() {
+    check_case([1, 1, 2, 48], DType::F32, 1, (-1.0, 0.0), false);
+    check_case([2, 63, 2, 60], DType::F32, 2, (-1.0, 0.0), true);
+    check_case([1, 64, 4, 64], DType::F32, 3, (-2.0, 0.0), true);
+    check_case([2, 65, 1, 80], DType::F32, 4, (-1.0, 0.0), false);
+}
+
+#[test]
+fn linear_relation_f32_long_sequence() {
+    check_case([1, 1000, 2, 64], DType::F32, 5, (-0.5, 0.0), true);
+}
+
+#[test]
+fn linear_relation_gate_extremes() {
+    // Strong decay (log gates near -20) and no decay at all stay finite and exact.
+    check_case([1, 70, 2, 48], DType::F32, 6, (-20.5, -19.5), true);
+    check_case([1, 70, 2, 48], DType::F32, 7, (0.0, 0.0), true);
+}
+
+#[test]
+fn linear_relation_f16() {
+    assert!(
+        wgpu().supports_dtype(DType::F16),
+        "this wgpu adapter has no f16 support"
+    );
+    check_case([1, 63, 2, 64], DType::F16, 8, (-1.0, 0.0), true);
+    check_case([2, 65, 1, 48], DType::F16, 9, (-1.0, 0.0), false);
+}
+
+#[test]
+fn linear_relation_state_carry_and_decoding() {
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let tol = tolerance(DType::F32, Check::Forward);
+    let (seq, split) = (90, 37);
+    let c = case([1, seq, 2, 60], 10, (-1.0, 0.0), true, DType::F32);
+    let x = c.on(&device, DType::F32, false);
+    let whole = run(&x, Strategy::Fused);
+    let part = |from: usize, len: usize| -> [Tensor<4>; 4] {
+        [0, 1, 2, 3].map(|i| x.inputs[i].clone().narrow(1, from, len))
+    };
+
+    // x1 then x2 from the carried state == x1 ++ x2.
+    let [p1, p2, info, gates] = part(0, split);
+    let first = linear_relation(
+        p1,
+        p2,
+        info,
+        gates,
+        DEFAULT_TAU,
+        x.state.clone(),
+        Strategy::Fused,
+    )
+    .unwrap();
+    let [p1, p2, info, gates] = part(split, seq - split);
+    let second = linear_relation(
+        p1,
+        p2,
+        info,
+        gates,
+        DEFAULT_TAU,
+        Some(first.state.clone()),
+        Strategy::Fused,
+    )
+    .unwrap();
+    assert_close(
+        "carry: Y",
+        &Tensor::cat(vec![first.y.clone(), second.y], 1),
+        &whole.y,
+        tol,
+    );
+    assert_close("carry: state", &second.state, &whole.state, tol);
+
+    // Prefill x1, then decode token by token with the step kernel == one full pass.
+    let mut state = first.state;
+    let mut ys = vec![first.y];
+    for t in split..seq {
+        let [p1, p2, info, gates] = part(t, 1);
+        let out =
+            linear_relation_step(p1, p2, info, gates, DEFAULT_TAU, state, Strategy::Fused).unwrap();
+        ys.push(out.y);
+        state = out.state;
+    }
+    assert_close("decode: Y", &Tensor::cat(ys, 1), &whole.y, tol);
+    assert_close("decode: state", &state, &whole.state, tol);
+}
+
+#[test]
+fn linear_relation_on_flex_uses_the_reference() {
+    let flex = Device::flex();
+    let c = case([1, 20, 2, 48], 11, (-1.0, 0.0), true, DType::F32);
+    let x = c.on(&flex, DType::F32, false);
+    let auto = run(&x, Strategy::Auto);
+    let expected = reference(&x);
+    let tol = tolerance(DType::F32, Check::Forward);
+    assert_close("flex Y", &auto.y, &expected.y, tol);
+    assert_close("flex state", &auto.state, &expected.state, tol);
+}
