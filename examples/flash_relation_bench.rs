@@ -17,13 +17,14 @@
 //! Software Vulkan (lavapipe) timings are a correctness oracle, not GPU speed.
 
 use std::io::Write;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_parallel_relation};
+use relation_examples::{bytes_held_by, device_by_name, mib, ms, time_on};
 use relation_kernels::{Strategy, flash_relation, is_cube};
 
 struct Args {
@@ -85,19 +86,6 @@ fn parse() -> Result<Args, String> {
         }
     }
     Ok(args)
-}
-
-fn device(name: &str) -> Result<Device, String> {
-    match name {
-        "flex" => Ok(Device::flex()),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
-        #[cfg(feature = "vulkan")]
-        "vulkan" => Ok(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
-        #[cfg(feature = "cuda")]
-        "cuda" => Ok(Device::cuda(0)),
-        other => Err(format!("device `{other}` is not compiled into this build")),
-    }
 }
 
 #[derive(Clone, Copy)]
@@ -165,17 +153,7 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
 
     // Forward only.
     let (p1, p2, info) = (make(1, device), make(2, device), make(3, device));
-    let time = |f: &mut dyn FnMut()| {
-        f(); // warm-up (kernel compilation, autotune, allocation)
-        device.sync().expect("sync");
-        let start = Instant::now();
-        for _ in 0..args.iters {
-            f();
-        }
-        device.sync().expect("sync");
-        start.elapsed() / args.iters as u32
-    };
-    let forward = time(&mut || {
+    let forward = time_on(device, args.iters, &mut || {
         let _ = run(method, p1.clone(), p2.clone(), info.clone(), lambda(device));
     });
 
@@ -186,34 +164,21 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
         make(2, &ad).require_grad(),
         make(3, &ad).require_grad(),
     );
-    let train = time(&mut || {
+    let train = time_on(device, args.iters, &mut || {
         let y = run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad));
         let grads = y.sum().backward();
         let _ = (p1.grad(&grads), p2.grad(&grads), info.grad(&grads));
     });
 
     // Memory held after the forward with the graph alive.
-    device.memory_cleanup();
-    let base = device.memory_pool_usage().map(|u| u.bytes_in_use);
-    let y = run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad));
-    device.sync().expect("sync");
-    let held = device.memory_pool_usage().map(|u| u.bytes_in_use);
-    drop(y);
+    let held_bytes = bytes_held_by(device, || {
+        run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad))
+    });
     Measure {
         forward,
         train,
-        held_bytes: base.zip(held).map(|(b, h)| h.saturating_sub(b)),
+        held_bytes,
     }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2}", d.as_secs_f64() * 1e3)
-}
-
-fn mib(bytes: Option<u64>) -> String {
-    bytes.map_or("n/a".into(), |b| {
-        format!("{:.1}", b as f64 / (1 << 20) as f64)
-    })
 }
 
 fn main() {
@@ -224,7 +189,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let device = match device(&args.device) {
+    let device = match device_by_name(&args.device) {
         Ok(device) => device,
         Err(message) => {
             eprintln!("{message}");

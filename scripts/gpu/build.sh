@@ -15,9 +15,11 @@ tests=$(cargo test --release -p relation-kernels --features vulkan --no-run --me
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="kernels": print(m["executable"])')
-cargo build --release -p relation-examples --example flash_relation_bench --features vulkan
-bench="$CARGO_TARGET_DIR/release/examples/flash_relation_bench"
-for pair in "kernels:$tests" "flash_relation_bench:$bench"; do
+cargo build --release -p relation-examples --example flash_relation_bench --example linear_relation_bench \
+  --features vulkan
+examples="$CARGO_TARGET_DIR/release/examples"
+for pair in "kernels:$tests" "flash_relation_bench:$examples/flash_relation_bench" \
+            "linear_relation_bench:$examples/linear_relation_bench"; do
   name=${pair%%:*}; path=${pair#*:}
   strip -o ".gpu/$name" "$path"
   xz -T2 -6 -f ".gpu/$name"

@@ -1,0 +1,205 @@
+//! Linear Relation scaling benchmark: the fused recurrent kernel against FlashRelation at the
+//! same shapes, time and memory against `T`, the crossover, and the cost of one decoding step.
+//!
+//! ```text
+//! cargo run --release -p relation-examples --example linear_relation_bench --features wgpu -- \
+//!     --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 [--max-flash 16384] [--out table.md]
+//! ```
+//!
+//! Linear Relation is `O(T D^2)` in time and `O(T D)` in memory; FlashRelation is `O(T^2 D)` in
+//! time and `O(T D)` in memory. Training time is forward + backward with gradients of every
+//! input. Software Vulkan (lavapipe) timings are a correctness oracle, not GPU speed.
+
+use std::io::Write;
+use std::time::Duration;
+
+use burn::tensor::{DType, Device, Tensor};
+use relation_core::DEFAULT_TAU;
+use relation_core::testing::uniform;
+use relation_examples::{bytes_held_by, device_by_name, mib, ms, time_on};
+use relation_kernels::{Strategy, flash_relation, linear_relation, linear_relation_step};
+
+struct Args {
+    device: String,
+    seqs: Vec<usize>,
+    heads: usize,
+    head_dim: usize,
+    iters: usize,
+    max_flash: usize,
+    out: Option<String>,
+}
+
+fn parse() -> Result<Args, String> {
+    let mut args = Args {
+        device: "wgpu".into(),
+        seqs: vec![1024, 2048, 4096],
+        heads: 8,
+        head_dim: 64,
+        iters: 3,
+        max_flash: 16384,
+        out: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
+        match flag.as_str() {
+            "--device" => args.device = value()?,
+            "--seqs" => {
+                args.seqs = value()?
+                    .split(',')
+                    .map(|s| s.parse().map_err(|e| format!("--seqs: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--heads" => args.heads = number(value()?)?,
+            "--head-dim" => args.head_dim = number(value()?)?,
+            "--iters" => args.iters = number(value()?)?,
+            "--max-flash" => args.max_flash = number(value()?)?,
+            "--out" => args.out = Some(value()?),
+            "--help" | "-h" => {
+                return Err(
+                    "flags: --device wgpu|vulkan|cuda --seqs 1024,2048 --heads 8 --head-dim 64 \
+                            --iters 3 --max-flash 16384 --out FILE"
+                        .into(),
+                );
+            }
+            other => return Err(format!("unknown flag `{other}` (see --help)")),
+        }
+    }
+    Ok(args)
+}
+
+struct Row {
+    forward: Duration,
+    train: Duration,
+    held: Option<u64>,
+}
+
+fn measure(linear: bool, args: &Args, device: &Device, seq: usize) -> Row {
+    let dims = [1, seq, args.heads, args.head_dim];
+    let inputs = |device: &Device, grad: bool| {
+        let make = |seed, scale, shift: f64| {
+            let x: Tensor<4> = uniform(dims, seed, scale, device, DType::F32) + shift;
+            if grad { x.require_grad() } else { x }
+        };
+        // p1, p2, info, and the fourth input: log gates in [-0.2, 0] (Linear) or unused
+        [
+            make(1, 1.0, 0.0),
+            make(2, 1.0, 0.0),
+            make(3, 1.0, 0.0),
+            make(4, 0.1, -0.1),
+        ]
+    };
+    let run = |x: &[Tensor<4>; 4]| -> Tensor<4> {
+        let [p1, p2, info, gates] = x.clone();
+        if linear {
+            linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, Strategy::Fused)
+                .expect("linear")
+                .y
+        } else {
+            let lambda = Tensor::<1>::from_data([0.5f32], &p1.device());
+            flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("flash")
+        }
+    };
+    let x = inputs(device, false);
+    let forward = time_on(device, args.iters, &mut || {
+        let _ = run(&x);
+    });
+    let ad = device.clone().autodiff();
+    let x = inputs(&ad, true);
+    let train = time_on(device, args.iters, &mut || {
+        let grads = run(&x).sum().backward();
+        let _ = x.iter().map(|t| t.grad(&grads)).collect::<Vec<_>>();
+    });
+    let held = bytes_held_by(device, || run(&x));
+    Row {
+        forward,
+        train,
+        held,
+    }
+}
+
+fn main() {
+    let args = parse().unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2)
+    });
+    let device = device_by_name(&args.device).unwrap_or_else(|message| {
+        eprintln!("{message}");
+        std::process::exit(2)
+    });
+    let mut table = format!(
+        "Linear Relation vs FlashRelation on {:?} ({}), B = 1, H = {}, D = {}, f32\n\n\
+         | T | linear fwd ms | linear train ms | linear held MiB | flash fwd ms | flash train ms | flash held MiB | train flash / linear |\n\
+         |---|---|---|---|---|---|---|---|\n",
+        device,
+        device
+            .identity()
+            .map_or("unknown adapter".into(), |i| i.name),
+        args.heads,
+        args.head_dim,
+    );
+    print!("{table}");
+    let mut crossover = None;
+    let mut largest = 0;
+    for &seq in &args.seqs {
+        let lin = measure(true, &args, &device, seq);
+        largest = seq;
+        let flash = (seq <= args.max_flash).then(|| measure(false, &args, &device, seq));
+        let ratio = flash.as_ref().map_or("-".into(), |f| {
+            format!("{:.2}x", f.train.as_secs_f64() / lin.train.as_secs_f64())
+        });
+        if crossover.is_none() && flash.as_ref().is_some_and(|f| f.train > lin.train) {
+            crossover = Some(seq);
+        }
+        let (ff, ft, fh) = flash.map_or(("-".into(), "-".into(), "-".into()), |f| {
+            (ms(f.forward), ms(f.train), mib(f.held))
+        });
+        let row = format!(
+            "| {seq} | {} | {} | {} | {ff} | {ft} | {fh} | {ratio} |\n",
+            ms(lin.forward),
+            ms(lin.train),
+            mib(lin.held)
+        );
+        print!("{row}");
+        std::io::stdout().flush().ok();
+        table += &row;
+    }
+
+    // One decoding step from a carried state: constant in T.
+    let dims = [1, 1, args.heads, args.head_dim];
+    let token: Vec<Tensor<4>> = (0..4)
+        .map(|i| uniform(dims, 10 + i, 0.1, &device, DType::F32))
+        .collect();
+    let state = uniform(
+        [1, args.heads, args.head_dim, args.head_dim],
+        20,
+        0.1,
+        &device,
+        DType::F32,
+    );
+    let step = time_on(&device, 20, &mut || {
+        let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| token[i].clone());
+        let _ = linear_relation_step(
+            p1,
+            p2,
+            info,
+            gates - 0.1,
+            DEFAULT_TAU,
+            state.clone(),
+            Strategy::Fused,
+        )
+        .expect("step");
+    });
+    let tail = format!(
+        "\nlargest T run: {largest}; training crossover (FlashRelation slower than Linear): {}\n\
+         one decoding step (state in, one token): {} ms\n",
+        crossover.map_or("not reached".into(), |t| format!("T = {t}")),
+        ms(step)
+    );
+    print!("{tail}");
+    table += &tail;
+    if let Some(path) = &args.out {
+        std::fs::write(path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+    }
+}
