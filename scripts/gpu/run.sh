@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine (no toolchain, no network), from the repository root, with .gpu/
-# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT; at most about 11 minutes of timeouts, usually far less.
+# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT; at most 9 minutes (the sum of its timeouts), usually far less.
 set -uo pipefail
 OUT="${OUT:-/tmp/relation-gpu}"
 mkdir -p "$OUT"
@@ -14,16 +14,16 @@ for b in kernels flash_relation_bench linear_relation_bench; do xz -dc ".gpu/$b.
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 
 # 1. Kernel tests on the GPU (Device::wgpu picks the GPU through Vulkan / SPIR-V).
-timeout 240 /tmp/bin/kernels --test-threads 1 > "$OUT/kernel-tests.log" 2>&1
+timeout 200 /tmp/bin/kernels --test-threads 1 > "$OUT/kernel-tests.log" 2>&1
 echo "kernel tests exit $?" >> "$OUT/kernel-tests.log"
 tail -3 "$OUT/kernel-tests.log"
 
 # 2. Benchmarks: forward and training, fused vs materialized vs Burn attention.
-timeout 150 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
+timeout 100 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
   --dtype f32 --out "$OUT/flash_relation_f32.md" > "$OUT/bench-f32.log" 2>&1
-timeout 120 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
+timeout 100 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
   --dtype f16 --out "$OUT/flash_relation_f16.md" > "$OUT/bench-f16.log" 2>&1
 # 3. Linear Relation scaling against FlashRelation, up to 64K tokens.
-timeout 150 /tmp/bin/linear_relation_bench --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 \
+timeout 120 /tmp/bin/linear_relation_bench --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 \
   --max-flash 16384 --iters 3 --out "$OUT/linear_relation.md" > "$OUT/bench-linear.log" 2>&1
 cat "$OUT"/flash_relation_*.md "$OUT"/linear_relation.md
