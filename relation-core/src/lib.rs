@@ -11,6 +11,7 @@
 //! | factorized Self share / Exchange allocation (§1.1) | [`naive_factorized_relation`] |
 //! | Linear Relation, token loop (§3) | [`naive_recurrent_linear_relation`] |
 //! | Linear Relation, chunkwise parallel (§3) | [`naive_chunk_linear_relation`] |
+//! | last rows for cached decoding (§4) | [`naive_relation_rows`] |
 //! | Givens head mixing (§2) | [`givens_mix`] |
 //! | RoPE on P1/P2 (base 1e4, full head dim) | [`rope`] |
 //!
@@ -39,7 +40,7 @@ pub use linear::{
 };
 pub use relation::{
     FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
-    naive_parallel_relation, naive_relation_weights, naive_self_relation,
+    naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,
 };
 pub use rope::{ROPE_BASE, rope};
 

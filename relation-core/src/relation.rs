@@ -238,3 +238,66 @@ pub fn naive_factorized_relation(
         },
     })
 }
+
+/// The last `n` rows of the materialized relation, with keys and values for all `T` positions:
+/// the reference of incremental decoding with a Relation Cache (spec §4).
+///
+/// Queries `p1` are positions `T - n .. T`; `p2` (after RoPE) and `info` (Ĩ) cover `0 .. T`.
+/// With `n = T` this is [`naive_parallel_relation`]; with `n = 1` it is one decoding step, which
+/// needs nothing of the past but its rotated `P2` and `Ĩ`.
+///
+/// # Shapes
+/// - `p1`: `[B, n, H, D]`; `p2`, `info`: `[B, T, H, D]` with `n <= T`; `lambda`: `[1]`
+/// - output: `[B, n, H, D]`
+///
+/// # Errors
+/// Mismatched shapes (including `n > T`) or devices, empty dimensions, bad `tau_s`.
+pub fn naive_relation_rows(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau_s: f64,
+) -> Result<Tensor<4>> {
+    let keys = check::bthd("p2", &p2)?;
+    check::same_bthd("info", &info, "p2", &keys)?;
+    let [b, t, h, d] = keys.dims();
+    let [qb, n, qh, qd] = p1.dims();
+    if qb != b || qh != h || qd != d || n == 0 || n > t {
+        return Err(crate::RelationError::ShapeMismatch {
+            name: "p1",
+            expected: format!("[B, n, H, D] = [{b}, 1..={t}, {h}, {d}]"),
+            got: p1.dims().to_vec(),
+        });
+    }
+    check::same_device("p2", &p2, &p1)?;
+    check::same_device("info", &info, &p1)?;
+    check::exact_shape("lambda", &lambda, "[1]", [1])?;
+    check::tau(tau_s)?;
+    let offset = t - n;
+    let device = p1.device();
+
+    // Self of the query rows: p1_i · p2_i with p2_i the last n keys.
+    let s = naive_self_relation(p1.clone(), p2.clone().narrow(1, offset, n), tau_s)?; // [B, n, H]
+    let s = s.swap_dims(1, 2).reshape([b, h, n, 1]); // [B, H, n, 1]
+    let u = heads_first(p1).matmul(heads_first(p2).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
+
+    // Absolute positions: query row r is i = offset + r, key column is j.
+    let rows = Tensor::<1, Int>::arange(offset as i64..t as i64, &device).reshape([1, 1, n, 1]);
+    let cols = Tensor::<1, Int>::arange(0..t as i64, &device).reshape([1, 1, 1, t]);
+    let rows = rows.expand([b, h, n, t]);
+    let cols = cols.expand([b, h, n, t]);
+    let history = cols.clone().lower(rows.clone()); // j < i
+    let diagonal = cols.equal(rows); // j == i
+    let log_i = Tensor::<1, Int>::arange(offset as i64 + 1..t as i64 + 1, &device)
+        .float()
+        .cast(u.dtype())
+        .log()
+        .reshape([1, 1, n, 1]);
+    let exchange = activation::silu(u) - lambda.reshape([1, 1, 1, 1]) * log_i; // [B, H, n, T]
+    let relation = exchange
+        .mask_fill(history.bool_not(), f64::NEG_INFINITY)
+        .mask_where(diagonal, s.expand([b, h, n, t]));
+    let y = activation::softmax(relation, 3).matmul(heads_first(info)); // [B, H, n, D]
+    Ok(y.swap_dims(1, 2))
+}

@@ -3,7 +3,8 @@
 use burn::tensor::{DType, Tensor};
 use relation_core::testing::{Check, assert_close, tolerance};
 use relation_core::{
-    DEFAULT_TAU, naive_factorized_relation, naive_parallel_relation, naive_relation_weights,
+    DEFAULT_TAU, naive_factorized_relation, naive_parallel_relation, naive_relation_rows,
+    naive_relation_weights,
 };
 
 use crate::common::{assert_identical, relation_inputs, tokens, values};
@@ -197,4 +198,46 @@ fn count_calibration_lowers_share_and_keeps_allocation() {
         &allocation(f_low),
         tolerance(DType::F32, Check::Forward),
     );
+}
+
+#[test]
+fn last_rows_equal_the_full_relation() {
+    let tol = tolerance(DType::F32, Check::Forward);
+    let x = relation_inputs([2, 37, 2, 60], 41, 2.0, DType::F32);
+    let full = naive_parallel_relation(
+        x.p1.clone(),
+        x.p2.clone(),
+        x.info.clone(),
+        x.lambda.clone(),
+        DEFAULT_TAU,
+    )
+    .unwrap();
+    for n in [1, 5, 37] {
+        let rows = naive_relation_rows(
+            tokens(&x.p1, 37 - n, n),
+            x.p2.clone(),
+            x.info.clone(),
+            x.lambda.clone(),
+            DEFAULT_TAU,
+        )
+        .unwrap();
+        assert_close(
+            &format!("last {n} rows"),
+            &rows,
+            &tokens(&full, 37 - n, n),
+            tol,
+        );
+    }
+    // One decoding step at every position equals the full forward (the Relation Cache).
+    for i in [0, 1, 20, 36] {
+        let step = naive_relation_rows(
+            tokens(&x.p1, i, 1),
+            tokens(&x.p2, 0, i + 1),
+            tokens(&x.info, 0, i + 1),
+            x.lambda.clone(),
+            DEFAULT_TAU,
+        )
+        .unwrap();
+        assert_close(&format!("step at {i}"), &step, &tokens(&full, i, 1), tol);
+    }
 }

@@ -1,0 +1,172 @@
+//! Model configuration, validation and the paper's presets.
+
+use burn::config::Config;
+
+use crate::error::ModelError;
+
+/// The mixer of one layer, from a pattern letter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MixerKind {
+    /// `F`: Full (Self-Exchange) Relation, spec §1–§2.
+    Full,
+    /// `L`: Linear Relation, spec §3.
+    Linear,
+    /// `A`: causal multi-head softmax attention with RoPE (the paper's MHA baseline).
+    Attention,
+}
+
+impl MixerKind {
+    /// The mixer for a pattern letter.
+    pub fn from_letter(letter: char) -> Option<Self> {
+        match letter {
+            'F' => Some(Self::Full),
+            'L' => Some(Self::Linear),
+            'A' => Some(Self::Attention),
+            _ => None,
+        }
+    }
+}
+
+/// Configuration of a [`RelationLm`](crate::RelationLm).
+///
+/// Saved as JSON beside checkpoints (`config.save(path)`, `RelationLmConfig::load(path)`).
+#[derive(Config, Debug, PartialEq)]
+pub struct RelationLmConfig {
+    /// Vocabulary size (4096 in the paper's TinyStories runs).
+    pub vocab_size: usize,
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Number of layers.
+    pub n_layers: usize,
+    /// Heads `H` (8 in every paper run; even, for Givens mixing).
+    pub n_heads: usize,
+    /// SwiGLU hidden width `d_ff`.
+    pub d_ff: usize,
+    /// Mixer letters, repeated to `n_layers`: `F` Full Relation, `L` Linear Relation, `A`
+    /// attention. `"F"` is all Full Relation, `"LLLF"` the paper's Hybrid, `"A"` the MHA baseline.
+    #[config(default = "String::from(\"F\")")]
+    pub pattern: String,
+    /// Self temperature `tau_S`. Default: 2 (fixed, not learned).
+    #[config(default = 2.0)]
+    pub tau: f64,
+    /// Initial count-calibration `lambda` of every Full Relation layer. Default: 0.5.
+    #[config(default = 0.5)]
+    pub lambda_init: f64,
+    /// RoPE base. Default: 1e4.
+    #[config(default = 1e4)]
+    pub rope_base: f64,
+    /// RMSNorm epsilon. Default: 1e-6.
+    #[config(default = 1e-6)]
+    pub norm_eps: f64,
+    /// Rank of the Linear Relation retention projection `W_up W_down`. Default: 0 = head dim.
+    #[config(default = 0)]
+    pub gate_rank: usize,
+}
+
+impl RelationLmConfig {
+    /// Head dimension `d / H`.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads.max(1)
+    }
+
+    /// Rank of the retention projection.
+    pub fn gate_rank(&self) -> usize {
+        if self.gate_rank == 0 {
+            self.head_dim()
+        } else {
+            self.gate_rank
+        }
+    }
+
+    /// The mixer of every layer.
+    ///
+    /// # Errors
+    /// [`ModelError::UnknownMixer`] for a letter that names no mixer; [`ModelError::Zero`] for an
+    /// empty pattern.
+    pub fn mixers(&self) -> crate::Result<Vec<MixerKind>> {
+        let letters: Vec<char> = self
+            .pattern
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        if letters.is_empty() {
+            return Err(ModelError::Zero { name: "pattern" });
+        }
+        let kinds = letters
+            .iter()
+            .enumerate()
+            .map(|(position, &letter)| {
+                MixerKind::from_letter(letter).ok_or_else(|| ModelError::UnknownMixer {
+                    letter,
+                    position,
+                    pattern: self.pattern.clone(),
+                })
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        Ok((0..self.n_layers).map(|l| kinds[l % kinds.len()]).collect())
+    }
+
+    /// Checks every field; called by `init`.
+    ///
+    /// # Errors
+    /// The first rule the configuration breaks.
+    pub fn validate(&self) -> crate::Result<()> {
+        for (name, value) in [
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_layers", self.n_layers),
+            ("n_heads", self.n_heads),
+            ("d_ff", self.d_ff),
+        ] {
+            if value == 0 {
+                return Err(ModelError::Zero { name });
+            }
+        }
+        if self.d_model % self.n_heads != 0 {
+            return Err(ModelError::IndivisibleWidth {
+                d_model: self.d_model,
+                heads: self.n_heads,
+            });
+        }
+        if self.n_heads % 2 == 1 {
+            return Err(ModelError::OddHeads {
+                heads: self.n_heads,
+            });
+        }
+        if self.head_dim() % 2 == 1 {
+            return Err(ModelError::OddHeadDim {
+                head_dim: self.head_dim(),
+            });
+        }
+        relation_core::check::tau(self.tau)?;
+        self.mixers().map(|_| ())
+    }
+
+    /// The paper's configurations (spec §5) and small CPU presets, by name:
+    /// `tiny`, `small` (CPU, minutes), `10m`, `30m`, `100m`, `hybrid-32m`; append `-mha` for the
+    /// attention baseline of the same backbone (e.g. `10m-mha`).
+    pub fn preset(name: &str) -> Option<Self> {
+        let (base, mha) = match name.strip_suffix("-mha") {
+            Some(base) => (base, true),
+            None => (name, false),
+        };
+        let config = match base {
+            "tiny" => Self::new(4096, 128, 4, 8, 256),
+            "small" => Self::new(4096, 256, 6, 8, 512),
+            "10m" => Self::new(4096, 384, 6, 8, 768),
+            "30m" => Self::new(4096, 512, 10, 8, 1024),
+            "100m" => Self::new(32768, 640, 20, 8, 1280),
+            "hybrid-32m" => Self::new(4096, 480, 12, 8, 960).with_pattern("LLLF".into()),
+            _ => return None,
+        };
+        Some(if mha {
+            config.with_pattern("A".into())
+        } else {
+            config
+        })
+    }
+
+    /// Every preset name.
+    pub const PRESETS: &'static [&'static str] =
+        &["tiny", "small", "10m", "30m", "100m", "hybrid-32m"];
+}

@@ -1,0 +1,74 @@
+//! Typed errors of model configuration and use.
+
+use relation_core::RelationError;
+use relation_kernels::KernelError;
+use thiserror::Error;
+
+/// Why a model refused its configuration or inputs.
+#[derive(Debug, Clone, PartialEq, Error)]
+pub enum ModelError {
+    /// `d_model` must split evenly into heads.
+    #[error("d_model = {d_model} is not divisible by n_heads = {heads}")]
+    IndivisibleWidth {
+        /// Model width.
+        d_model: usize,
+        /// Head count.
+        heads: usize,
+    },
+    /// Givens mixing pairs heads.
+    #[error("n_heads must be even (Givens head mixing pairs heads), got {heads}")]
+    OddHeads {
+        /// Head count.
+        heads: usize,
+    },
+    /// RoPE rotates channel pairs.
+    #[error("head dim d_model / n_heads = {head_dim} must be even (RoPE rotates channel pairs)")]
+    OddHeadDim {
+        /// Head dimension.
+        head_dim: usize,
+    },
+    /// A layer pattern letter that names no mixer.
+    #[error(
+        "unknown mixer letter `{letter}` at position {position} of pattern `{pattern}` (F = Full Relation, L = Linear Relation, A = attention)"
+    )]
+    UnknownMixer {
+        /// The letter.
+        letter: char,
+        /// Its zero-based position.
+        position: usize,
+        /// The whole pattern.
+        pattern: String,
+    },
+    /// A size that must be positive is zero.
+    #[error("`{name}` must be >= 1, got 0")]
+    Zero {
+        /// The config field.
+        name: &'static str,
+    },
+    /// A token id at or past the vocabulary size.
+    #[error("token id {token} is out of range for vocab_size = {vocab}")]
+    TokenOutOfRange {
+        /// The token.
+        token: u32,
+        /// Vocabulary size.
+        vocab: usize,
+    },
+    /// A cache used with another batch size or model than it was made for.
+    #[error("cache mismatch: {0}")]
+    CacheMismatch(String),
+    /// Saving or loading failed.
+    #[error("{0}")]
+    Io(String),
+    /// An operator refused its inputs.
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+}
+
+impl From<RelationError> for ModelError {
+    fn from(e: RelationError) -> Self {
+        Self::Kernel(KernelError::Invalid(e))
+    }
+}
+
+/// Result alias of this crate.
+pub type Result<T> = core::result::Result<T, ModelError>;

@@ -1,0 +1,113 @@
+//! Causal multi-head softmax attention with RoPE on `Q` and `K`: the `A` mixer (MHA baseline).
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Device, Int, Tensor, activation};
+use relation_core::rope;
+
+use super::{linear, merge_heads, split_heads};
+use crate::Result;
+use crate::cache::LayerCache;
+
+/// Causal self-attention on the same backbone as Relation (bias-free, RoPE base 1e4).
+#[derive(Module, Debug)]
+pub struct CausalSelfAttention {
+    /// Queries.
+    pub wq: Linear,
+    /// Keys.
+    pub wk: Linear,
+    /// Values.
+    pub wv: Linear,
+    /// Output projection.
+    pub wo: Linear,
+    /// Heads `H`.
+    pub heads: usize,
+    /// RoPE base.
+    pub rope_base: f64,
+}
+
+impl CausalSelfAttention {
+    /// A new layer.
+    pub fn new(config: &crate::RelationLmConfig, device: &Device) -> Self {
+        let d = config.d_model;
+        Self {
+            wq: linear(d, d, device),
+            wk: linear(d, d, device),
+            wv: linear(d, d, device),
+            wo: linear(d, d, device),
+            heads: config.n_heads,
+            rope_base: config.rope_base,
+        }
+    }
+
+    fn project(&self, x: Tensor<3>, offset: usize) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+        let q = rope(
+            split_heads(self.wq.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        let k = rope(
+            split_heads(self.wk.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        Ok((q, k, split_heads(self.wv.forward(x), self.heads)))
+    }
+
+    /// # Shapes
+    /// - `x`: `[B, T, d]`, output: `[B, T, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        let (q, k, v) = self.project(x, 0)?;
+        let options = AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: true,
+        };
+        // Burn's attention takes [B, H, T, D].
+        let y = attention(
+            q.swap_dims(1, 2),
+            k.swap_dims(1, 2),
+            v.swap_dims(1, 2),
+            None,
+            None,
+            options,
+        );
+        Ok(self.wo.forward(merge_heads(y.swap_dims(1, 2))))
+    }
+
+    /// Incremental forward with a K/V cache.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, n, d]`, output: `[B, n, d]`
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+        let offset = cache.len();
+        let (q, k, v) = self.project(x, offset)?;
+        let (k, v) = match std::mem::take(cache) {
+            LayerCache::Attention { k: old_k, v: old_v } => (
+                Tensor::cat(vec![old_k, k], 1),
+                Tensor::cat(vec![old_v, v], 1),
+            ),
+            _ => (k, v),
+        };
+        let [b, n, h, d] = q.dims();
+        let t = k.dims()[1];
+        let scores = q
+            .swap_dims(1, 2)
+            .matmul(k.clone().swap_dims(1, 2).swap_dims(2, 3))
+            / (d as f64).sqrt(); // [B, H, n, T]
+        // Query row r sits at position offset + r and sees keys j <= offset + r.
+        let rows = Tensor::<1, Int>::arange(offset as i64..(offset + n) as i64, &scores.device())
+            .reshape([1, 1, n, 1])
+            .expand([b, h, n, t]);
+        let cols = Tensor::<1, Int>::arange(0..t as i64, &scores.device())
+            .reshape([1, 1, 1, t])
+            .expand([b, h, n, t]);
+        let future = cols.greater(rows);
+        let weights = activation::softmax(scores.mask_fill(future, f64::NEG_INFINITY), 3);
+        let y = weights.matmul(v.clone().swap_dims(1, 2)).swap_dims(1, 2); // [B, n, H, D]
+        *cache = LayerCache::Attention { k, v };
+        Ok(self.wo.forward(merge_heads(y)))
+    }
+}

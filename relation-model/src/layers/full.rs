@@ -1,0 +1,132 @@
+//! Multi-head Self-Exchange Relation (spec §1–§2), the `F` mixer.
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor};
+use relation_core::{givens_mix, naive_relation_rows, rope};
+use relation_kernels::{Strategy, flash_relation};
+
+use super::{linear, merge_heads, split_heads};
+use crate::Result;
+use crate::cache::LayerCache;
+
+/// Multi-head Relation: `Y = W_O concat_h Relation_h(rope(X W1), rope(X W2), Givens_l(X W_I))`.
+///
+/// Parameters beyond an attention layer of the same width: one f32 `lambda` (init 0.5) and
+/// `H / 2` f32 Givens angles (init 0), i.e. 5 scalars at `H = 8`. The Givens pairing is chosen
+/// by the layer index (A on even layers, B on odd ones).
+#[derive(Module, Debug)]
+pub struct MultiHeadRelation {
+    /// `P1 = X W1`.
+    pub w1: Linear,
+    /// `P2 = X W2`.
+    pub w2: Linear,
+    /// `I = X W_I`.
+    pub wi: Linear,
+    /// Output projection `W_O`.
+    pub wo: Linear,
+    /// Count calibration `lambda`, `[1]`, f32.
+    pub lambda: Param<Tensor<1>>,
+    /// Givens angles, `[H / 2]`, f32.
+    pub angles: Param<Tensor<1>>,
+    /// Layer index (chooses the Givens pairing).
+    pub layer: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// `tau_S`.
+    pub tau: f64,
+    /// RoPE base.
+    pub rope_base: f64,
+}
+
+impl MultiHeadRelation {
+    /// A new layer; the caller has validated the configuration.
+    pub fn new(config: &crate::RelationLmConfig, layer: usize, device: &Device) -> Self {
+        let d = config.d_model;
+        Self {
+            w1: linear(d, d, device),
+            w2: linear(d, d, device),
+            wi: linear(d, d, device),
+            wo: linear(d, d, device),
+            lambda: Param::from_tensor(Tensor::from_data([config.lambda_init as f32], device)),
+            angles: Param::from_tensor(Tensor::zeros([config.n_heads / 2], device)),
+            layer,
+            heads: config.n_heads,
+            tau: config.tau,
+            rope_base: config.rope_base,
+        }
+    }
+
+    /// `(rope(P1), rope(P2), Ĩ)` for tokens at positions `offset..`, each `[B, T, H, D]`.
+    fn project(&self, x: Tensor<3>, offset: usize) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+        let p1 = rope(
+            split_heads(self.w1.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        let p2 = rope(
+            split_heads(self.w2.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        let info = givens_mix(
+            split_heads(self.wi.forward(x), self.heads),
+            self.angles.val(),
+            self.layer,
+        )?;
+        Ok((p1, p2, info))
+    }
+
+    /// Full-sequence forward (training, prefill): the fused FlashRelation where available.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, d]`, output: `[B, T, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        let (p1, p2, info) = self.project(x, 0)?;
+        let y = flash_relation(p1, p2, info, self.lambda.val(), self.tau, Strategy::Auto)?;
+        Ok(self.wo.forward(merge_heads(y)))
+    }
+
+    /// Incremental forward with the Relation Cache: appends the new tokens' rotated `P2` and `Ĩ`
+    /// to `cache` and computes their rows against everything cached.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, n, d]` (the next `n` tokens), output: `[B, n, d]`
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+        let offset = cache.len();
+        let (p1, p2, info) = self.project(x, offset)?;
+        let (p2_all, info_all) = match std::mem::take(cache) {
+            LayerCache::Full {
+                p2: old_p2,
+                info: old_info,
+            } => (
+                Tensor::cat(vec![old_p2, p2], 1),
+                Tensor::cat(vec![old_info, info], 1),
+            ),
+            _ => (p2, info),
+        };
+        let y = if offset == 0 {
+            flash_relation(
+                p1,
+                p2_all.clone(),
+                info_all.clone(),
+                self.lambda.val(),
+                self.tau,
+                Strategy::Auto,
+            )?
+        } else {
+            naive_relation_rows(
+                p1,
+                p2_all.clone(),
+                info_all.clone(),
+                self.lambda.val(),
+                self.tau,
+            )?
+        };
+        *cache = LayerCache::Full {
+            p2: p2_all,
+            info: info_all,
+        };
+        Ok(self.wo.forward(merge_heads(y)))
+    }
+}

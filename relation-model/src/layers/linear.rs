@@ -1,0 +1,133 @@
+//! Linear Relation (spec §3), the `L` mixer, with KDA's retention parameterization.
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor, TensorData};
+use relation_core::testing::SplitMix64;
+use relation_core::{givens_mix, kda_log_gates, rope};
+use relation_kernels::{Strategy, linear_relation};
+
+use super::{linear, merge_heads, split_heads};
+use crate::Result;
+use crate::cache::LayerCache;
+
+/// Linear Relation layer: `Y = W_O concat_h LinearRelation_h(rope(X W1), rope(X W2),
+/// Givens_l(X W_I), g)` with per-channel log retention `g = -exp(A_log) softplus(W_up W_down x +
+/// dt_bias)`.
+///
+/// Initialisation follows Kimi Delta Attention: `A_log = ln(u)`, `u ~ U(1, 16)` per head, and
+/// `dt_bias = softplus^{-1}(dt)` with `dt` log-uniform in `[1e-3, 1e-1]` per channel, so the
+/// initial decays span short and long memories.
+#[derive(Module, Debug)]
+pub struct LinearRelation {
+    /// `P1 = X W1`.
+    pub w1: Linear,
+    /// `P2 = X W2`.
+    pub w2: Linear,
+    /// `I = X W_I`.
+    pub wi: Linear,
+    /// Output projection.
+    pub wo: Linear,
+    /// Retention projection, down (`d -> r`).
+    pub gate_down: Linear,
+    /// Retention projection, up (`r -> d`).
+    pub gate_up: Linear,
+    /// `A_log`, `[H]`.
+    pub a_log: Param<Tensor<1>>,
+    /// `dt_bias`, `[H * D]`.
+    pub dt_bias: Param<Tensor<1>>,
+    /// Givens angles, `[H / 2]`.
+    pub angles: Param<Tensor<1>>,
+    /// Layer index (Givens pairing).
+    pub layer: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// `tau_S`.
+    pub tau: f64,
+    /// RoPE base.
+    pub rope_base: f64,
+}
+
+impl LinearRelation {
+    /// A new layer; `seed` makes the retention initialisation deterministic.
+    pub fn new(config: &crate::RelationLmConfig, layer: usize, seed: u64, device: &Device) -> Self {
+        let d = config.d_model;
+        let h = config.n_heads;
+        let mut rng = SplitMix64::new(seed ^ (layer as u64).wrapping_mul(0x9E37_79B9));
+        let uniform01 = |rng: &mut SplitMix64| (rng.next_signed() + 1.0) / 2.0;
+        let a_log: Vec<f32> = (0..h)
+            .map(|_| (1.0 + 15.0 * uniform01(&mut rng)).ln() as f32)
+            .collect();
+        let dt_bias: Vec<f32> = (0..d)
+            .map(|_| {
+                let dt = (1e-3f64.ln() + (1e-1f64.ln() - 1e-3f64.ln()) * uniform01(&mut rng)).exp();
+                (dt.exp_m1()).ln() as f32 // softplus^{-1}(dt)
+            })
+            .collect();
+        Self {
+            w1: linear(d, d, device),
+            w2: linear(d, d, device),
+            wi: linear(d, d, device),
+            wo: linear(d, d, device),
+            gate_down: linear(d, config.gate_rank(), device),
+            gate_up: linear(config.gate_rank(), d, device),
+            a_log: Param::from_tensor(Tensor::from_data(TensorData::new(a_log, [h]), device)),
+            dt_bias: Param::from_tensor(Tensor::from_data(TensorData::new(dt_bias, [d]), device)),
+            angles: Param::from_tensor(Tensor::zeros([h / 2], device)),
+            layer,
+            heads: h,
+            tau: config.tau,
+            rope_base: config.rope_base,
+        }
+    }
+
+    /// `(rope(P1), rope(P2), Ĩ, log alpha)`, each `[B, T, H, D]`, for positions `offset..`.
+    fn project(&self, x: Tensor<3>, offset: usize) -> Result<[Tensor<4>; 4]> {
+        let p1 = rope(
+            split_heads(self.w1.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        let p2 = rope(
+            split_heads(self.w2.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        let info = givens_mix(
+            split_heads(self.wi.forward(x.clone()), self.heads),
+            self.angles.val(),
+            self.layer,
+        )?;
+        let pre = split_heads(self.gate_up.forward(self.gate_down.forward(x)), self.heads);
+        let gates = kda_log_gates(pre, self.a_log.val(), self.dt_bias.val());
+        Ok([p1, p2, info, gates])
+    }
+
+    /// # Shapes
+    /// - `x`: `[B, T, d]`, output: `[B, T, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        let [p1, p2, info, gates] = self.project(x, 0)?;
+        let out = linear_relation(p1, p2, info, gates, self.tau, None, Strategy::Auto)?;
+        Ok(self.wo.forward(merge_heads(out.y)))
+    }
+
+    /// Incremental forward: continues from the cached state and stores the new one.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, n, d]`, output: `[B, n, d]`
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+        let offset = cache.len();
+        let n = x.dims()[1];
+        let [p1, p2, info, gates] = self.project(x, offset)?;
+        let state = match std::mem::take(cache) {
+            LayerCache::Linear { state, .. } => Some(state),
+            _ => None,
+        };
+        let out = linear_relation(p1, p2, info, gates, self.tau, state, Strategy::Auto)?;
+        *cache = LayerCache::Linear {
+            state: out.state,
+            len: offset + n,
+        };
+        Ok(self.wo.forward(merge_heads(out.y)))
+    }
+}

@@ -1,0 +1,214 @@
+//! Relation language models: shapes, cached decoding == full forward, parameter overhead,
+//! Givens pairing by layer, save/load, configuration errors.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use relation_core::GivensPairing;
+use relation_core::testing::{Check, SplitMix64, assert_close, tolerance};
+use relation_model::{Mixer, ModelError, RelationLm, RelationLmConfig};
+
+fn tiny(pattern: &str, layers: usize) -> RelationLmConfig {
+    RelationLmConfig::new(97, 32, layers, 4, 64).with_pattern(pattern.into())
+}
+
+fn tokens(batch: usize, seq: usize, vocab: usize, seed: u64, device: &Device) -> Tensor<2, Int> {
+    let mut rng = SplitMix64::new(seed);
+    let ids: Vec<i64> = (0..batch * seq).map(|_| rng.below(vocab) as i64).collect();
+    Tensor::from_data(TensorData::new(ids, [batch, seq]), device)
+}
+
+fn model(config: &RelationLmConfig, device: &Device) -> RelationLm {
+    device.seed(7);
+    config.init(device).unwrap()
+}
+
+#[test]
+fn every_pattern_gives_logits_of_the_right_shape() {
+    let device = Device::flex();
+    for pattern in ["F", "L", "A", "LLLF", "FLA"] {
+        let config = tiny(pattern, 4);
+        let logits = model(&config, &device)
+            .forward(tokens(2, 11, 97, 1, &device))
+            .unwrap();
+        assert_eq!(logits.dims(), [2, 11, 97], "pattern {pattern}");
+        let values: Vec<f32> = logits.into_data().iter::<f32>().collect();
+        assert!(values.iter().all(|v| v.is_finite()), "pattern {pattern}");
+    }
+}
+
+/// Token-by-token decoding, and chunked prefill then decoding, equal the full forward.
+fn check_cached_decoding(device: &Device, pattern: &str) {
+    let config = tiny(pattern, 4);
+    let lm = model(&config, device);
+    let seq = 12;
+    let ids = tokens(2, seq, 97, 3, device);
+    let full = lm.forward(ids.clone()).unwrap();
+    let tol = tolerance(DType::F32, Check::Forward);
+
+    for chunks in [vec![1; seq], vec![5, 3, 1, 1, 1, 1]] {
+        let mut cache = lm.new_cache();
+        let mut outputs = Vec::new();
+        let mut at = 0;
+        for n in &chunks {
+            outputs.push(
+                lm.forward_cached(ids.clone().narrow(1, at, *n), &mut cache)
+                    .unwrap(),
+            );
+            at += n;
+        }
+        assert_eq!(cache.len(), seq);
+        let cached = Tensor::cat(outputs, 1);
+        assert_close(
+            &format!("pattern {pattern}, chunks {chunks:?}"),
+            &cached,
+            &full,
+            tol,
+        );
+    }
+}
+
+#[test]
+fn cached_decoding_equals_full_forward_on_flex() {
+    for pattern in ["F", "L", "A", "LLLF"] {
+        check_cached_decoding(&Device::flex(), pattern);
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn cached_decoding_equals_full_forward_with_kernels() {
+    let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    check_cached_decoding(&device, "LLLF");
+}
+
+#[test]
+fn relation_costs_five_scalars_per_layer_over_attention() {
+    let device = Device::flex();
+    for layers in [1, 6] {
+        let config = RelationLmConfig::new(256, 64, layers, 8, 128);
+        let relation = model(&config.clone().with_pattern("F".into()), &device).num_params();
+        let mha = model(&config.with_pattern("A".into()), &device).num_params();
+        assert_eq!(
+            relation - mha,
+            5 * layers,
+            "1 lambda + H/2 = 4 angles per layer at H = 8"
+        );
+    }
+}
+
+#[test]
+fn givens_pairing_alternates_with_layer_index() {
+    let lm = model(&tiny("F", 4), &Device::flex());
+    for (index, block) in lm.blocks.iter().enumerate() {
+        let Mixer::Full(layer) = &block.mixer else {
+            panic!("pattern F")
+        };
+        assert_eq!(layer.layer, index);
+        let expected = if index % 2 == 0 {
+            GivensPairing::A
+        } else {
+            GivensPairing::B
+        };
+        assert_eq!(GivensPairing::for_layer(layer.layer), expected);
+    }
+}
+
+#[test]
+fn save_then_load_gives_identical_logits() {
+    let device = Device::flex();
+    let config = tiny("LLLF", 4);
+    let lm = model(&config, &device);
+    let dir = std::env::temp_dir().join(format!("relation-model-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.bpk");
+    lm.save(&path).unwrap();
+    config.save(dir.join("config.json")).unwrap();
+
+    let loaded_config = RelationLmConfig::load(dir.join("config.json")).unwrap();
+    assert_eq!(loaded_config, config);
+    device.seed(99); // different initial weights, replaced by the load
+    let fresh = loaded_config.init(&device).unwrap();
+    let loaded = fresh.load(&path).unwrap();
+    let ids = tokens(1, 9, 97, 5, &device);
+    let (a, b): (Vec<f32>, Vec<f32>) = (
+        lm.forward(ids.clone())
+            .unwrap()
+            .into_data()
+            .iter::<f32>()
+            .collect(),
+        loaded
+            .forward(ids)
+            .unwrap()
+            .into_data()
+            .iter::<f32>()
+            .collect(),
+    );
+    assert_eq!(a, b);
+
+    let missing = tiny("LLLF", 4)
+        .init(&device)
+        .unwrap()
+        .load(&dir.join("absent.bpk"));
+    assert!(matches!(missing, Err(ModelError::Io(_))));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_configurations_are_typed_errors() {
+    let device = Device::flex();
+    let err = |config: RelationLmConfig| config.init(&device).unwrap_err();
+    assert_eq!(
+        err(RelationLmConfig::new(97, 30, 2, 3, 64)),
+        ModelError::OddHeads { heads: 3 }
+    );
+    assert_eq!(
+        err(RelationLmConfig::new(97, 36, 2, 3, 64)),
+        ModelError::OddHeads { heads: 3 }
+    );
+    assert_eq!(
+        err(RelationLmConfig::new(97, 34, 2, 4, 64)),
+        ModelError::IndivisibleWidth {
+            d_model: 34,
+            heads: 4
+        }
+    );
+    assert_eq!(
+        err(RelationLmConfig::new(0, 32, 2, 4, 64)),
+        ModelError::Zero { name: "vocab_size" }
+    );
+    let e = err(tiny("FLX", 3));
+    assert_eq!(
+        e,
+        ModelError::UnknownMixer {
+            letter: 'X',
+            position: 2,
+            pattern: "FLX".into()
+        }
+    );
+    assert!(e.to_string().contains("`X`"), "{e}");
+    let lm = model(&tiny("F", 1), &device);
+    let bad = Tensor::<2, Int>::from_data([[3i64, 97]], &device);
+    assert_eq!(
+        lm.check_tokens(&bad).unwrap_err(),
+        ModelError::TokenOutOfRange {
+            token: 97,
+            vocab: 97
+        }
+    );
+}
+
+#[test]
+fn presets_exist_and_validate() {
+    for name in RelationLmConfig::PRESETS {
+        for suffix in ["", "-mha"] {
+            let config = RelationLmConfig::preset(&format!("{name}{suffix}")).unwrap();
+            config.validate().unwrap();
+        }
+    }
+    assert_eq!(
+        RelationLmConfig::preset("hybrid-32m").unwrap().head_dim(),
+        60
+    );
+    assert!(RelationLmConfig::preset("nope").is_none());
+}
