@@ -56,6 +56,9 @@ pub enum ModelError {
     /// A cache used with another batch size or model than it was made for.
     #[error("cache mismatch: {0}")]
     CacheMismatch(String),
+    /// A sampling setting out of range.
+    #[error("invalid sampling setting: {0}")]
+    Sampling(String),
     /// Saving or loading failed.
     #[error("{0}")]
     Io(String),

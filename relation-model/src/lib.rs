@@ -14,10 +14,12 @@
 pub mod cache;
 pub mod config;
 pub mod error;
+pub mod generate;
 pub mod layers;
 pub mod model;
 
 pub use cache::{LayerCache, LmCache};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};
+pub use generate::Sampling;
 pub use model::{Block, Mixer, RelationLm};

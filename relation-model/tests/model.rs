@@ -6,7 +6,7 @@ use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::GivensPairing;
 use relation_core::testing::{Check, SplitMix64, assert_close, tolerance};
-use relation_model::{Mixer, ModelError, RelationLm, RelationLmConfig};
+use relation_model::{Mixer, ModelError, RelationLm, RelationLmConfig, Sampling};
 
 fn tiny(pattern: &str, layers: usize) -> RelationLmConfig {
     RelationLmConfig::new(97, 32, layers, 4, 64).with_pattern(pattern.into())
@@ -211,4 +211,66 @@ fn presets_exist_and_validate() {
         60
     );
     assert!(RelationLmConfig::preset("nope").is_none());
+}
+
+#[test]
+fn generation_is_seeded_and_batched() {
+    let device = Device::flex();
+    let lm = model(&tiny("LLLF", 4), &device);
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8]];
+    let sampling = Sampling {
+        max_new_tokens: 6,
+        ..Sampling::default()
+    };
+    let a = lm.generate(&prompts, &sampling).unwrap();
+    let b = lm.generate(&prompts, &sampling).unwrap();
+    assert_eq!(a, b, "same seed, same tokens");
+    assert!(a.iter().all(|g| g.len() == 6 && g.iter().all(|&t| t < 97)));
+    // Greedy decoding of a prompt alone equals its row in a batch.
+    let greedy = Sampling {
+        temperature: 0.0,
+        ..sampling.clone()
+    };
+    let batched = lm.generate(&prompts, &greedy).unwrap();
+    let alone = lm.generate(&prompts[1..2], &greedy).unwrap();
+    assert_eq!(batched[1], alone[0]);
+    // Greedy's first token is the argmax of the full forward's last logits.
+    let ids = Tensor::<2, Int>::from_data([[1i64, 2, 3]], &device);
+    let logits: Vec<f32> = lm
+        .forward(ids)
+        .unwrap()
+        .narrow(1, 2, 1)
+        .into_data()
+        .iter::<f32>()
+        .collect();
+    let argmax = (0..logits.len())
+        .max_by(|&x, &y| logits[x].total_cmp(&logits[y]))
+        .unwrap();
+    assert_eq!(batched[0][0] as usize, argmax);
+
+    let err = lm.generate(&[vec![]], &sampling).unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::Zero {
+            name: "prompt length"
+        }
+    );
+    let err = lm.generate(&[vec![200]], &sampling).unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::TokenOutOfRange {
+            token: 200,
+            vocab: 97
+        }
+    );
+    let err = lm
+        .generate(
+            &prompts,
+            &Sampling {
+                top_p: Some(1.5),
+                ..sampling
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, ModelError::Sampling(_)), "{err}");
 }

@@ -1,0 +1,158 @@
+//! Sampling from a model with its cache: temperature, top-k, top-p, a seed, batches of prompts.
+
+use std::collections::BTreeMap;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use relation_core::testing::SplitMix64;
+
+use crate::error::{ModelError, Result};
+use crate::model::RelationLm;
+
+/// How tokens are drawn.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampling {
+    /// Tokens to generate after each prompt.
+    pub max_new_tokens: usize,
+    /// Softmax temperature; 0 means greedy (argmax).
+    pub temperature: f64,
+    /// Keep only the `k` most likely tokens.
+    pub top_k: Option<usize>,
+    /// Keep the smallest set of most likely tokens whose probability reaches `p` (nucleus).
+    pub top_p: Option<f64>,
+    /// Seed of the sampler: the same seed, model and prompts give the same tokens.
+    pub seed: u64,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 64,
+            temperature: 0.8,
+            top_k: Some(50),
+            top_p: Some(0.95),
+            seed: 42,
+        }
+    }
+}
+
+impl Sampling {
+    fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(ModelError::Sampling(what.to_string()));
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(&format!(
+                "temperature must be finite and >= 0, got {}",
+                self.temperature
+            ));
+        }
+        if self.top_k == Some(0) {
+            return bad("top_k must be >= 1");
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return bad(&format!("top_p must be in (0, 1], got {p}"));
+        }
+        Ok(())
+    }
+
+    /// Draws one token from a row of logits.
+    pub fn draw(&self, logits: &[f32], rng: &mut SplitMix64) -> u32 {
+        let argmax = || {
+            logits
+                .iter()
+                .enumerate()
+                .fold(0, |best, (i, &x)| if x > logits[best] { i } else { best }) as u32
+        };
+        if self.temperature == 0.0 {
+            return argmax();
+        }
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        order.truncate(self.top_k.unwrap_or(order.len()).min(order.len()));
+        let top = logits[order[0]] as f64;
+        let mut probs: Vec<f64> = order
+            .iter()
+            .map(|&i| ((logits[i] as f64 - top) / self.temperature).exp())
+            .collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        if let Some(p) = self.top_p {
+            let mut mass = 0.0;
+            let keep = probs.iter().position(|&q| {
+                mass += q;
+                mass >= p
+            });
+            let keep = keep.map_or(probs.len(), |k| k + 1);
+            probs.truncate(keep);
+            order.truncate(keep);
+        }
+        let total: f64 = probs.iter().sum();
+        let mut u = (rng.next_signed() + 1.0) / 2.0 * total;
+        for (&token, &q) in order.iter().zip(&probs) {
+            if u < q {
+                return token as u32;
+            }
+            u -= q;
+        }
+        order[probs.len() - 1] as u32
+    }
+}
+
+impl RelationLm {
+    /// Continues every prompt by `sampling.max_new_tokens` tokens, prefilling each prompt's cache
+    /// in one pass and then decoding token by token. Prompts of equal length run as one batch.
+    ///
+    /// # Errors
+    /// Empty prompts, token ids outside the vocabulary, invalid sampling settings.
+    pub fn generate(&self, prompts: &[Vec<u32>], sampling: &Sampling) -> Result<Vec<Vec<u32>>> {
+        sampling.validate()?;
+        let vocab = self.vocab_size();
+        for prompt in prompts {
+            if prompt.is_empty() {
+                return Err(ModelError::Zero {
+                    name: "prompt length",
+                });
+            }
+            if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::TokenOutOfRange { token, vocab });
+            }
+        }
+        let device = self.embedding.weight.val().device();
+        let mut rng = SplitMix64::new(sampling.seed);
+        let mut outputs = vec![Vec::new(); prompts.len()];
+        // Group prompts by length so each group is one batch.
+        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for (i, p) in prompts.iter().enumerate() {
+            groups.entry(p.len()).or_default().push(i);
+        }
+        for (len, members) in groups {
+            let batch = members.len();
+            let ids: Vec<i64> = members
+                .iter()
+                .flat_map(|&i| prompts[i].iter().map(|&t| t as i64))
+                .collect();
+            let mut cache = self.new_cache();
+            let mut input =
+                Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, len]), &device);
+            for _ in 0..sampling.max_new_tokens {
+                let logits = self.forward_cached(input, &mut cache)?; // [batch, n, V]
+                let n = logits.dims()[1];
+                let last: Vec<f32> = logits
+                    .narrow(1, n - 1, 1)
+                    .into_data()
+                    .iter::<f32>()
+                    .collect();
+                let next: Vec<u32> = last
+                    .chunks(vocab)
+                    .map(|row| sampling.draw(row, &mut rng))
+                    .collect();
+                for (&member, &token) in members.iter().zip(&next) {
+                    outputs[member].push(token);
+                }
+                let next: Vec<i64> = next.iter().map(|&t| t as i64).collect();
+                input = Tensor::from_data(TensorData::new(next, [batch, 1]), &device);
+            }
+        }
+        Ok(outputs)
+    }
+}
