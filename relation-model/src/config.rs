@@ -13,6 +13,12 @@ pub enum MixerKind {
     Linear,
     /// `A`: causal multi-head softmax attention with RoPE (the paper's MHA baseline).
     Attention,
+    /// `R`: RealFormer residual attention (reference path).
+    RealFormer,
+    /// `N`: RetNet multi-scale retention (reference path).
+    Retention,
+    /// `K`: Kimi Delta Attention, gated delta rule (reference path).
+    Kda,
 }
 
 impl MixerKind {
@@ -22,6 +28,9 @@ impl MixerKind {
             'F' => Some(Self::Full),
             'L' => Some(Self::Linear),
             'A' => Some(Self::Attention),
+            'R' => Some(Self::RealFormer),
+            'N' => Some(Self::Retention),
+            'K' => Some(Self::Kda),
             _ => None,
         }
     }
@@ -43,7 +52,8 @@ pub struct RelationLmConfig {
     /// SwiGLU hidden width `d_ff`.
     pub d_ff: usize,
     /// Mixer letters, repeated to `n_layers`: `F` Full Relation, `L` Linear Relation, `A`
-    /// attention. `"F"` is all Full Relation, `"LLLF"` the paper's Hybrid, `"A"` the MHA baseline.
+    /// attention, `R` RealFormer, `N` RetNet retention, `K` Kimi Delta Attention. `"F"` is all
+    /// Full Relation, `"LLLF"` the paper's Hybrid, `"A"` the MHA baseline.
     #[config(default = "String::from(\"F\")")]
     pub pattern: String,
     /// Self temperature `tau_S`. Default: 2 (fixed, not learned).

@@ -29,7 +29,7 @@ pub enum ModelError {
     },
     /// A layer pattern letter that names no mixer.
     #[error(
-        "unknown mixer letter `{letter}` at position {position} of pattern `{pattern}` (F = Full Relation, L = Linear Relation, A = attention)"
+        "unknown mixer letter `{letter}` at position {position} of pattern `{pattern}` (F Full Relation, L Linear Relation, A attention, R RealFormer, N retention, K Kimi Delta Attention)"
     )]
     UnknownMixer {
         /// The letter.

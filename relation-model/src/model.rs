@@ -5,13 +5,16 @@ use std::path::Path;
 
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, RmsNorm, RmsNormConfig};
-use burn::store::ModuleRecord;
+use burn::store::{ModuleRecord, ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Device, Int, Tensor};
 
 use crate::cache::{LayerCache, LmCache};
 use crate::config::{MixerKind, RelationLmConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{CausalSelfAttention, LinearRelation, MultiHeadRelation, SwiGlu};
+use crate::layers::{
+    CausalSelfAttention, KimiDeltaAttention, LinearRelation, MultiHeadRelation,
+    RealFormerAttention, Retention, SwiGlu,
+};
 
 /// The token mixer of one block.
 #[derive(Module, Debug)]
@@ -22,22 +25,43 @@ pub enum Mixer {
     Linear(LinearRelation),
     /// `A`.
     Attention(CausalSelfAttention),
+    /// `R`.
+    RealFormer(RealFormerAttention),
+    /// `N`.
+    Retention(Retention),
+    /// `K`.
+    Kda(KimiDeltaAttention),
 }
 
 impl Mixer {
-    fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
-        match self {
-            Self::Full(m) => m.forward(x),
-            Self::Linear(m) => m.forward(x),
-            Self::Attention(m) => m.forward(x),
-        }
-    }
-
-    fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
-        match self {
-            Self::Full(m) => m.forward_cached(x, cache),
-            Self::Linear(m) => m.forward_cached(x, cache),
-            Self::Attention(m) => m.forward_cached(x, cache),
+    /// Forward of the whole sequence (`cache = None`) or of the next tokens. `scores` carries
+    /// RealFormer's pre-softmax scores from one `R` layer to the next; other mixers clear it.
+    fn forward(
+        &self,
+        x: Tensor<3>,
+        cache: Option<&mut LayerCache>,
+        scores: &mut Option<Tensor<4>>,
+    ) -> Result<Tensor<3>> {
+        let previous = scores.take();
+        match (self, cache) {
+            (Self::Full(m), None) => m.forward(x),
+            (Self::Full(m), Some(c)) => m.forward_cached(x, c),
+            (Self::Linear(m), None) => m.forward(x),
+            (Self::Linear(m), Some(c)) => m.forward_cached(x, c),
+            (Self::Attention(m), None) => m.forward(x),
+            (Self::Attention(m), Some(c)) => m.forward_cached(x, c),
+            (Self::RealFormer(m), cache) => {
+                let (y, s) = match cache {
+                    None => m.forward(x, previous)?,
+                    Some(c) => m.forward_cached(x, c, previous)?,
+                };
+                *scores = Some(s);
+                Ok(y)
+            }
+            (Self::Retention(m), None) => m.forward(x),
+            (Self::Retention(m), Some(c)) => m.forward_cached(x, c),
+            (Self::Kda(m), None) => m.forward(x),
+            (Self::Kda(m), Some(c)) => m.forward_cached(x, c),
         }
     }
 }
@@ -94,6 +118,11 @@ impl RelationLmConfig {
                     MixerKind::Attention => {
                         Mixer::Attention(CausalSelfAttention::new(self, device))
                     }
+                    MixerKind::RealFormer => {
+                        Mixer::RealFormer(RealFormerAttention::new(self, device))
+                    }
+                    MixerKind::Retention => Mixer::Retention(Retention::new(self, device)),
+                    MixerKind::Kda => Mixer::Kda(KimiDeltaAttention::new(self, layer, 42, device)),
                 },
                 norm_ffn: norm(),
                 ffn: SwiGlu::new(d, self.d_ff, device),
@@ -133,8 +162,12 @@ impl RelationLm {
     /// - `tokens`: `[B, T]`, output: `[B, T, V]`
     pub fn forward(&self, tokens: Tensor<2, Int>) -> Result<Tensor<3>> {
         let mut h = self.embedding.forward(tokens);
+        let mut scores = None;
         for block in &self.blocks {
-            h = h.clone() + block.mixer.forward(block.norm_mixer.forward(h))?;
+            h = h.clone()
+                + block
+                    .mixer
+                    .forward(block.norm_mixer.forward(h), None, &mut scores)?;
             h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h));
         }
         Ok(self.logits(h))
@@ -157,11 +190,12 @@ impl RelationLm {
             )));
         }
         let mut h = self.embedding.forward(tokens);
+        let mut scores = None;
         for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            h = h.clone()
-                + block
-                    .mixer
-                    .forward_cached(block.norm_mixer.forward(h), layer_cache)?;
+            let normed = block.norm_mixer.forward(h.clone());
+            h = h + block
+                .mixer
+                .forward(normed, Some(layer_cache), &mut scores)?;
             h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h));
         }
         Ok(self.logits(h))
@@ -213,5 +247,41 @@ impl RelationLm {
         let record = ModuleRecord::load(path)
             .map_err(|e| ModelError::Io(format!("reading {}: {e}", path.display())))?;
         Ok(self.load_record(record))
+    }
+
+    /// Exports the weights as safetensors (tensor names are the module paths, e.g.
+    /// `blocks.0.mixer.w1.weight`), through a temporary file renamed into place.
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] on any failure.
+    pub fn export_safetensors(&self, path: &Path) -> Result<()> {
+        let tmp = path.with_extension("safetensors.tmp");
+        let mut store = SafetensorsStore::from_file(&tmp);
+        self.save_into(&mut store)
+            .map_err(|e| ModelError::Io(format!("writing {}: {e}", tmp.display())))?;
+        std::fs::rename(&tmp, path)
+            .map_err(|e| ModelError::Io(format!("renaming to {}: {e}", path.display())))
+    }
+
+    /// Imports weights from a safetensors file written by [`RelationLm::export_safetensors`]
+    /// (or any file with the same tensor names and shapes); every tensor of the model must be
+    /// present.
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] if the file is missing or corrupt, or lacks or mis-shapes a tensor.
+    pub fn import_safetensors(mut self, path: &Path) -> Result<Self> {
+        let mut store = SafetensorsStore::from_file(path);
+        let result = self
+            .load_from(&mut store)
+            .map_err(|e| ModelError::Io(format!("reading {}: {e}", path.display())))?;
+        if !result.errors.is_empty() || !result.missing.is_empty() {
+            return Err(ModelError::Io(format!(
+                "{}: {} tensors missing, errors: {:?}",
+                path.display(),
+                result.missing.len(),
+                result.errors
+            )));
+        }
+        Ok(self)
     }
 }

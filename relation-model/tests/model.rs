@@ -26,7 +26,7 @@ fn model(config: &RelationLmConfig, device: &Device) -> RelationLm {
 #[test]
 fn every_pattern_gives_logits_of_the_right_shape() {
     let device = Device::flex();
-    for pattern in ["F", "L", "A", "LLLF", "FLA"] {
+    for pattern in ["F", "L", "A", "R", "N", "K", "LLLF", "FLARNK"] {
         let config = tiny(pattern, 4);
         let logits = model(&config, &device)
             .forward(tokens(2, 11, 97, 1, &device))
@@ -70,7 +70,7 @@ fn check_cached_decoding(device: &Device, pattern: &str) {
 
 #[test]
 fn cached_decoding_equals_full_forward_on_flex() {
-    for pattern in ["F", "L", "A", "LLLF"] {
+    for pattern in ["F", "L", "A", "R", "N", "K", "LLLF", "RRAR"] {
         check_cached_decoding(&Device::flex(), pattern);
     }
 }

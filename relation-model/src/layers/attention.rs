@@ -5,6 +5,7 @@ use burn::nn::Linear;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, activation};
+
 use relation_core::rope;
 
 use super::{linear, merge_heads, split_heads};
@@ -91,23 +92,44 @@ impl CausalSelfAttention {
             ),
             _ => (k, v),
         };
-        let [b, n, h, d] = q.dims();
-        let t = k.dims()[1];
-        let scores = q
-            .swap_dims(1, 2)
-            .matmul(k.clone().swap_dims(1, 2).swap_dims(2, 3))
-            / (d as f64).sqrt(); // [B, H, n, T]
-        // Query row r sits at position offset + r and sees keys j <= offset + r.
-        let rows = Tensor::<1, Int>::arange(offset as i64..(offset + n) as i64, &scores.device())
-            .reshape([1, 1, n, 1])
-            .expand([b, h, n, t]);
-        let cols = Tensor::<1, Int>::arange(0..t as i64, &scores.device())
-            .reshape([1, 1, 1, t])
-            .expand([b, h, n, t]);
-        let future = cols.greater(rows);
-        let weights = activation::softmax(scores.mask_fill(future, f64::NEG_INFINITY), 3);
-        let y = weights.matmul(v.clone().swap_dims(1, 2)).swap_dims(1, 2); // [B, n, H, D]
+        let (y, _) = causal_rows(q, k.clone(), v.clone(), None);
         *cache = LayerCache::Attention { k, v };
         Ok(self.wo.forward(merge_heads(y)))
     }
+}
+
+/// Materialized causal attention for the last `n` query positions over all `T` keys, adding
+/// `extra` (earlier layers' scores, RealFormer) to the pre-softmax scores.
+///
+/// # Shapes
+/// - `q`: `[B, n, H, D]`; `k`, `v`: `[B, T, H, D]`; `extra`: `[B, H, n, T]`
+/// - output: `y` `[B, n, H, D]` and the pre-softmax scores `[B, H, n, T]`
+pub(crate) fn causal_rows(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    extra: Option<Tensor<4>>,
+) -> (Tensor<4>, Tensor<4>) {
+    let [b, n, h, d] = q.dims();
+    let t = k.dims()[1];
+    let offset = t - n;
+    let mut scores =
+        q.swap_dims(1, 2).matmul(k.swap_dims(1, 2).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
+    if let Some(extra) = extra {
+        scores = scores + extra;
+    }
+    // Query row r sits at position offset + r and sees keys j <= offset + r.
+    let rows = Tensor::<1, Int>::arange(offset as i64..t as i64, &scores.device())
+        .reshape([1, 1, n, 1])
+        .expand([b, h, n, t]);
+    let cols = Tensor::<1, Int>::arange(0..t as i64, &scores.device())
+        .reshape([1, 1, 1, t])
+        .expand([b, h, n, t]);
+    let weights = activation::softmax(
+        scores
+            .clone()
+            .mask_fill(cols.greater(rows), f64::NEG_INFINITY),
+        3,
+    );
+    (weights.matmul(v.swap_dims(1, 2)).swap_dims(1, 2), scores)
 }

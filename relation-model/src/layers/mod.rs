@@ -2,12 +2,18 @@
 
 mod attention;
 mod full;
+mod kda;
 mod linear;
+mod realformer;
+mod retention;
 mod swiglu;
 
 pub use attention::CausalSelfAttention;
 pub use full::MultiHeadRelation;
+pub use kda::KimiDeltaAttention;
 pub use linear::LinearRelation;
+pub use realformer::RealFormerAttention;
+pub use retention::Retention;
 pub use swiglu::SwiGlu;
 
 use burn::nn::{Linear, LinearConfig};

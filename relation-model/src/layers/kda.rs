@@ -1,0 +1,136 @@
+//! Kimi Delta Attention (gated delta rule with per-channel decay), the `K` mixer (reference).
+//!
+//! ```text
+//! S_t = (I - beta_t k_t k_t^T) Diag(alpha_t) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
+//! ```
+//! with L2-normalised `q`, `k` (after RoPE), `beta_t = sigmoid(x W_beta)` per head, and the same
+//! low-rank log retention as Linear Relation. Each head's output is RMS-normalised and gated by
+//! `sigmoid(x W_g)` before `W_O`. Token loop for training and decoding: correct, not fast.
+
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor, TensorData, activation};
+use relation_core::testing::SplitMix64;
+use relation_core::{kda_log_gates, l2_normalize, rope};
+
+use super::{linear, merge_heads, split_heads};
+use crate::Result;
+use crate::cache::LayerCache;
+
+/// Kimi Delta Attention.
+#[derive(Module, Debug)]
+pub struct KimiDeltaAttention {
+    /// Queries.
+    pub wq: Linear,
+    /// Keys.
+    pub wk: Linear,
+    /// Values.
+    pub wv: Linear,
+    /// Write strength `beta`, `d -> H`.
+    pub wbeta: Linear,
+    /// Output gate.
+    pub wg: Linear,
+    /// Output projection.
+    pub wo: Linear,
+    /// Retention projection, down.
+    pub gate_down: Linear,
+    /// Retention projection, up.
+    pub gate_up: Linear,
+    /// `A_log`, `[H]`.
+    pub a_log: Param<Tensor<1>>,
+    /// `dt_bias`, `[H * D]`.
+    pub dt_bias: Param<Tensor<1>>,
+    /// Heads `H`.
+    pub heads: usize,
+    /// RoPE base.
+    pub rope_base: f64,
+}
+
+impl KimiDeltaAttention {
+    /// A new layer (retention initialised as [`LinearRelation`](super::LinearRelation)).
+    pub fn new(config: &crate::RelationLmConfig, layer: usize, seed: u64, device: &Device) -> Self {
+        let d = config.d_model;
+        let h = config.n_heads;
+        let mut rng = SplitMix64::new(seed ^ (layer as u64).wrapping_mul(0x51ED_2701));
+        let uniform01 = |rng: &mut SplitMix64| (rng.next_signed() + 1.0) / 2.0;
+        let a_log: Vec<f32> = (0..h)
+            .map(|_| (1.0 + 15.0 * uniform01(&mut rng)).ln() as f32)
+            .collect();
+        let dt_bias: Vec<f32> = (0..d)
+            .map(|_| {
+                let dt = (1e-3f64.ln() + (1e-1f64.ln() - 1e-3f64.ln()) * uniform01(&mut rng)).exp();
+                dt.exp_m1().ln() as f32
+            })
+            .collect();
+        Self {
+            wq: linear(d, d, device),
+            wk: linear(d, d, device),
+            wv: linear(d, d, device),
+            wbeta: linear(d, h, device),
+            wg: linear(d, d, device),
+            wo: linear(d, d, device),
+            gate_down: linear(d, config.gate_rank(), device),
+            gate_up: linear(config.gate_rank(), d, device),
+            a_log: Param::from_tensor(Tensor::from_data(TensorData::new(a_log, [h]), device)),
+            dt_bias: Param::from_tensor(Tensor::from_data(TensorData::new(dt_bias, [d]), device)),
+            heads: h,
+            rope_base: config.rope_base,
+        }
+    }
+
+    /// Runs the delta rule from the cached state.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, n, d]`, output: `[B, n, d]`
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+        let offset = cache.len();
+        let h = self.heads;
+        let q = l2_normalize(rope(
+            split_heads(self.wq.forward(x.clone()), h),
+            offset,
+            self.rope_base,
+        )?);
+        let k = l2_normalize(rope(
+            split_heads(self.wk.forward(x.clone()), h),
+            offset,
+            self.rope_base,
+        )?);
+        let v = split_heads(self.wv.forward(x.clone()), h);
+        let beta = activation::sigmoid(self.wbeta.forward(x.clone())); // [B, n, H]
+        let pre = split_heads(self.gate_up.forward(self.gate_down.forward(x.clone())), h);
+        let alpha = kda_log_gates(pre, self.a_log.val(), self.dt_bias.val()).exp(); // [B, n, H, D]
+        let [b, n, _, d] = q.dims();
+        let mut state = match std::mem::take(cache) {
+            LayerCache::Linear { state, .. } => state,
+            _ => Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())),
+        };
+        let column = |x: &Tensor<4>, t: usize| x.clone().narrow(1, t, 1).reshape([b, h, d, 1]);
+        let row = |x: &Tensor<4>, t: usize| x.clone().narrow(1, t, 1).reshape([b, h, 1, d]);
+        let mut outputs = Vec::with_capacity(n);
+        for t in 0..n {
+            let beta_t = beta.clone().narrow(1, t, 1).reshape([b, h, 1, 1]);
+            let decayed = state * column(&alpha, t); // Diag(alpha_t) S_{t-1}
+            let k_t = column(&k, t);
+            // (I - beta k k^T) S + beta k v^T = S - beta k (k^T S - v^T)
+            let error = k_t.clone().swap_dims(2, 3).matmul(decayed.clone()) - row(&v, t); // [B, H, 1, D]
+            state = decayed - (k_t * beta_t).matmul(error);
+            outputs.push(row(&q, t).matmul(state.clone()).reshape([b, 1, h, d])); // (S^T q)^T
+        }
+        *cache = LayerCache::Linear {
+            state,
+            len: offset + n,
+        };
+        let o = Tensor::cat(outputs, 1); // [B, n, H, D]
+        let rms = (o.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt();
+        let gate = activation::sigmoid(self.wg.forward(x));
+        Ok(self.wo.forward(merge_heads(o / rms) * gate))
+    }
+
+    /// Full-sequence forward (the token loop from an empty state).
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, d]`, output: `[B, T, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        self.forward_cached(x, &mut LayerCache::Empty)
+    }
+}

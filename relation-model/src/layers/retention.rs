@@ -1,0 +1,141 @@
+//! RetNet retention, the `N` mixer (reference path): multi-scale fixed per-head decay.
+//!
+//! ```text
+//! S_t = gamma_h S_{t-1} + k_t^T v_t,   o_t = q_t S_t            (recurrent; j <= t included)
+//! O = (Q K^T ⊙ M) V,  M_tj = gamma_h^{t-j} for j <= t, else 0   (parallel)
+//! gamma_h = 1 - 2^{-5-h}
+//! ```
+//! `q`, `k` carry RoPE (in place of RetNet's xPos) and `k` is scaled by `1/sqrt(D)`; as in
+//! RetNet, each head's output is RMS-normalised and gated by `swish(X W_G)` before `W_O`.
+
+use burn::module::Module;
+use burn::nn::Linear;
+use burn::tensor::{Device, Int, Tensor, TensorData, activation};
+use relation_core::rope;
+
+use super::{linear, merge_heads, split_heads};
+use crate::Result;
+use crate::cache::LayerCache;
+
+/// RetNet multi-scale retention.
+#[derive(Module, Debug)]
+pub struct Retention {
+    /// Queries.
+    pub wq: Linear,
+    /// Keys.
+    pub wk: Linear,
+    /// Values.
+    pub wv: Linear,
+    /// Swish gate.
+    pub wg: Linear,
+    /// Output projection.
+    pub wo: Linear,
+    /// Heads `H`.
+    pub heads: usize,
+    /// RoPE base.
+    pub rope_base: f64,
+}
+
+/// `ln gamma_h` per head, `[1, H, 1, 1]`.
+fn log_decay(heads: usize, like: &Tensor<4>) -> Tensor<4> {
+    let values: Vec<f64> = (0..heads)
+        .map(|h| (1.0 - 2f64.powi(-5 - h as i32)).ln())
+        .collect();
+    Tensor::<1>::from_data(
+        TensorData::new(values, [heads]),
+        (&like.device(), like.dtype()),
+    )
+    .reshape([1, heads, 1, 1])
+}
+
+/// Per-head RMS normalisation over `D`.
+fn head_norm(x: Tensor<4>) -> Tensor<4> {
+    let rms = (x.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt();
+    x / rms
+}
+
+impl Retention {
+    /// A new layer.
+    pub fn new(config: &crate::RelationLmConfig, device: &Device) -> Self {
+        let d = config.d_model;
+        Self {
+            wq: linear(d, d, device),
+            wk: linear(d, d, device),
+            wv: linear(d, d, device),
+            wg: linear(d, d, device),
+            wo: linear(d, d, device),
+            heads: config.n_heads,
+            rope_base: config.rope_base,
+        }
+    }
+
+    fn project(&self, x: Tensor<3>, offset: usize) -> Result<[Tensor<4>; 3]> {
+        let d = x.dims()[2] / self.heads;
+        let q = rope(
+            split_heads(self.wq.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )?;
+        let k = rope(
+            split_heads(self.wk.forward(x.clone()), self.heads),
+            offset,
+            self.rope_base,
+        )? / (d as f64).sqrt();
+        Ok([q, k, split_heads(self.wv.forward(x), self.heads)])
+    }
+
+    fn finish(&self, x: Tensor<3>, o: Tensor<4>) -> Tensor<3> {
+        let gate = activation::silu(self.wg.forward(x));
+        self.wo.forward(merge_heads(head_norm(o)) * gate)
+    }
+
+    /// Parallel form.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, d]`, output: `[B, T, d]`
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        let [q, k, v] = self.project(x.clone(), 0)?;
+        let t = q.dims()[1];
+        let device = q.device();
+        let scores = q.swap_dims(1, 2).matmul(k.swap_dims(1, 2).swap_dims(2, 3)); // [B, H, T, T]
+        let rows = Tensor::<1, Int>::arange(0..t as i64, &device)
+            .reshape([t, 1])
+            .float();
+        let cols = Tensor::<1, Int>::arange(0..t as i64, &device)
+            .reshape([1, t])
+            .float();
+        let distance = (rows - cols).cast(scores.dtype()).unsqueeze::<4>(); // [1, 1, T, T], t - j
+        let future = distance.clone().lower_elem(0.0);
+        let decay = (distance * log_decay(self.heads, &scores))
+            .exp()
+            .mask_fill(future, 0.0); // gamma^{t-j}
+        let o = (scores * decay).matmul(v.swap_dims(1, 2)).swap_dims(1, 2); // [B, T, H, D]
+        Ok(self.finish(x, o))
+    }
+
+    /// Recurrent form from the cached state `[B, H, D, D]`.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, n, d]`, output: `[B, n, d]`
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+        let offset = cache.len();
+        let [q, k, v] = self.project(x.clone(), offset)?;
+        let [b, n, h, d] = q.dims();
+        let mut state = match std::mem::take(cache) {
+            LayerCache::Linear { state, .. } => state,
+            _ => Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())),
+        };
+        let gamma = log_decay(h, &state).exp(); // [1, H, 1, 1]
+        let token = |x: &Tensor<4>, t: usize| x.clone().narrow(1, t, 1).reshape([b, h, 1, d]);
+        let mut outputs = Vec::with_capacity(n);
+        for t in 0..n {
+            state = state * gamma.clone() + token(&k, t).swap_dims(2, 3).matmul(token(&v, t)); // S_t
+            outputs.push(token(&q, t).matmul(state.clone()).reshape([b, 1, h, d])); // q_t S_t
+        }
+        *cache = LayerCache::Linear {
+            state,
+            len: offset + n,
+        };
+        Ok(self.finish(x, Tensor::cat(outputs, 1)))
+    }
+}
