@@ -30,7 +30,11 @@ pub enum GivensPairing {
 impl GivensPairing {
     /// The pairing used by layer `layer` (zero-based): A on even layers, B on odd ones.
     pub fn for_layer(layer: usize) -> Self {
-        if layer % 2 == 0 { Self::A } else { Self::B }
+        if layer.is_multiple_of(2) {
+            Self::A
+        } else {
+            Self::B
+        }
     }
 
     /// The `(a, b)` head pairs, zero-based, in angle order.

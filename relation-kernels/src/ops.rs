@@ -10,6 +10,7 @@ use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 /// route non-CubeCL devices to the reference.
 ///
 /// Every method takes the layout `[B, T, H, D]`; `scale = 1 / sqrt(D)`, `inv_tau = 1 / tau_S`.
+#[allow(clippy::type_complexity)] // gradient tuples of backend primitives
 #[backend_extension(
     Cube: cfg(feature = "cube"),
     Fusion: cfg(feature = "cube"),

@@ -33,11 +33,10 @@ impl Strategy {
 pub fn is_cube(device: &Device) -> bool {
     #[cfg(feature = "cube")]
     {
-        #[allow(unreachable_patterns)]
-        match device.clone().inner().as_dispatch() {
-            burn::backend::DispatchDevice::Cube(_) => true,
-            _ => false,
-        }
+        matches!(
+            device.clone().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Cube(_)
+        )
     }
     #[cfg(not(feature = "cube"))]
     {

@@ -132,22 +132,7 @@ impl RelationLmConfig {
                 return Err(ModelError::Zero { name });
             }
         }
-        if self.d_model % self.n_heads != 0 {
-            return Err(ModelError::IndivisibleWidth {
-                d_model: self.d_model,
-                heads: self.n_heads,
-            });
-        }
-        if self.n_heads % 2 == 1 {
-            return Err(ModelError::OddHeads {
-                heads: self.n_heads,
-            });
-        }
-        if self.head_dim() % 2 == 1 {
-            return Err(ModelError::OddHeadDim {
-                head_dim: self.head_dim(),
-            });
-        }
+        check_heads(self.d_model, self.n_heads)?;
         relation_core::check::tau(self.tau)?;
         self.mixers().map(|_| ())
     }
@@ -179,4 +164,34 @@ impl RelationLmConfig {
     /// Every preset name.
     pub const PRESETS: &'static [&'static str] =
         &["tiny", "small", "10m", "30m", "100m", "hybrid-32m"];
+}
+
+/// Checks that `d_model` splits into an even number of heads of even width (Givens pairs heads,
+/// RoPE pairs channels).
+///
+/// # Errors
+/// [`ModelError::Zero`], [`ModelError::IndivisibleWidth`], [`ModelError::OddHeads`],
+/// [`ModelError::OddHeadDim`].
+pub fn check_heads(d_model: usize, n_heads: usize) -> crate::Result<()> {
+    if d_model == 0 {
+        return Err(ModelError::Zero { name: "d_model" });
+    }
+    if n_heads == 0 {
+        return Err(ModelError::Zero { name: "n_heads" });
+    }
+    if !d_model.is_multiple_of(n_heads) {
+        return Err(ModelError::IndivisibleWidth {
+            d_model,
+            heads: n_heads,
+        });
+    }
+    if n_heads % 2 == 1 {
+        return Err(ModelError::OddHeads { heads: n_heads });
+    }
+    if (d_model / n_heads) % 2 == 1 {
+        return Err(ModelError::OddHeadDim {
+            head_dim: d_model / n_heads,
+        });
+    }
+    Ok(())
 }

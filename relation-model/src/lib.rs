@@ -22,4 +22,8 @@ pub use cache::{LayerCache, LmCache};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};
 pub use generate::Sampling;
+pub use layers::{
+    CausalSelfAttention, CausalSelfAttentionConfig, LinearRelation, LinearRelationConfig,
+    MultiHeadRelation, MultiHeadRelationConfig,
+};
 pub use model::{Block, Mixer, RelationLm};

@@ -11,12 +11,15 @@ use burn::tensor::{Device, Int, Tensor};
 use crate::cache::{LayerCache, LmCache};
 use crate::config::{MixerKind, RelationLmConfig};
 use crate::error::{ModelError, Result};
+use crate::layers::{CausalSelfAttention, LinearRelation, MultiHeadRelation};
 use crate::layers::{
-    CausalSelfAttention, KimiDeltaAttention, LinearRelation, MultiHeadRelation,
+    CausalSelfAttentionConfig, KimiDeltaAttention, LinearRelationConfig, MultiHeadRelationConfig,
     RealFormerAttention, Retention, SwiGlu,
 };
 
 /// The token mixer of one block.
+// Variants are whole layers of similar size; a block holds exactly one.
+#[allow(clippy::large_enum_variant)]
 #[derive(Module, Debug)]
 pub enum Mixer {
     /// `F`.
@@ -104,30 +107,42 @@ impl RelationLmConfig {
                 .with_epsilon(self.norm_eps)
                 .init(device)
         };
-        let blocks = self
-            .mixers()?
-            .into_iter()
-            .enumerate()
-            .map(|(layer, kind)| Block {
+        let (h, tau) = (self.n_heads, self.tau);
+        let mut blocks = Vec::with_capacity(self.n_layers);
+        for (layer, kind) in self.mixers()?.into_iter().enumerate() {
+            let mixer = match kind {
+                MixerKind::Full => Mixer::Full(
+                    MultiHeadRelationConfig::new(d, h)
+                        .with_layer(layer)
+                        .with_tau(tau)
+                        .with_lambda_init(self.lambda_init)
+                        .with_rope_base(self.rope_base)
+                        .init(device)?,
+                ),
+                MixerKind::Linear => Mixer::Linear(
+                    LinearRelationConfig::new(d, h)
+                        .with_layer(layer)
+                        .with_tau(tau)
+                        .with_rope_base(self.rope_base)
+                        .with_gate_rank(self.gate_rank())
+                        .init(device)?,
+                ),
+                MixerKind::Attention => Mixer::Attention(
+                    CausalSelfAttentionConfig::new(d, h)
+                        .with_rope_base(self.rope_base)
+                        .init(device)?,
+                ),
+                MixerKind::RealFormer => Mixer::RealFormer(RealFormerAttention::new(self, device)),
+                MixerKind::Retention => Mixer::Retention(Retention::new(self, device)),
+                MixerKind::Kda => Mixer::Kda(KimiDeltaAttention::new(self, layer, 42, device)),
+            };
+            blocks.push(Block {
                 norm_mixer: norm(),
-                mixer: match kind {
-                    MixerKind::Full => Mixer::Full(MultiHeadRelation::new(self, layer, device)),
-                    MixerKind::Linear => {
-                        Mixer::Linear(LinearRelation::new(self, layer, 42, device))
-                    }
-                    MixerKind::Attention => {
-                        Mixer::Attention(CausalSelfAttention::new(self, device))
-                    }
-                    MixerKind::RealFormer => {
-                        Mixer::RealFormer(RealFormerAttention::new(self, device))
-                    }
-                    MixerKind::Retention => Mixer::Retention(Retention::new(self, device)),
-                    MixerKind::Kda => Mixer::Kda(KimiDeltaAttention::new(self, layer, 42, device)),
-                },
+                mixer,
                 norm_ffn: norm(),
                 ffn: SwiGlu::new(d, self.d_ff, device),
-            })
-            .collect();
+            });
+        }
         Ok(RelationLm {
             embedding: EmbeddingConfig::new(self.vocab_size, d)
                 .with_initializer(Initializer::Normal {

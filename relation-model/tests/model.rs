@@ -6,7 +6,10 @@ use burn::module::Module;
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::GivensPairing;
 use relation_core::testing::{Check, SplitMix64, assert_close, tolerance};
-use relation_model::{Mixer, ModelError, RelationLm, RelationLmConfig, Sampling};
+use relation_model::{
+    CausalSelfAttentionConfig, LinearRelationConfig, Mixer, ModelError, MultiHeadRelationConfig,
+    RelationLm, RelationLmConfig, Sampling,
+};
 
 fn tiny(pattern: &str, layers: usize) -> RelationLmConfig {
     RelationLmConfig::new(97, 32, layers, 4, 64).with_pattern(pattern.into())
@@ -273,4 +276,38 @@ fn generation_is_seeded_and_batched() {
         )
         .unwrap_err();
     assert!(matches!(err, ModelError::Sampling(_)), "{err}");
+}
+
+#[test]
+fn layers_stand_alone_with_their_configs() {
+    let device = Device::flex();
+    let x = relation_core::testing::uniform([2, 7, 32], 1, 1.0, &device, DType::F32);
+    let full = MultiHeadRelationConfig::new(32, 4)
+        .with_layer(3)
+        .init(&device)
+        .unwrap();
+    assert_eq!(full.forward(x.clone()).unwrap().dims(), [2, 7, 32]);
+    let linear = LinearRelationConfig::new(32, 4).init(&device).unwrap();
+    assert_eq!(linear.forward(x.clone()).unwrap().dims(), [2, 7, 32]);
+    let attention = CausalSelfAttentionConfig::new(32, 4).init(&device).unwrap();
+    assert_eq!(attention.forward(x).unwrap().dims(), [2, 7, 32]);
+    assert_eq!(
+        MultiHeadRelationConfig::new(36, 3)
+            .init(&device)
+            .unwrap_err(),
+        ModelError::OddHeads { heads: 3 }
+    );
+    assert_eq!(
+        LinearRelationConfig::new(30, 4).init(&device).unwrap_err(),
+        ModelError::IndivisibleWidth {
+            d_model: 30,
+            heads: 4
+        }
+    );
+    assert_eq!(
+        CausalSelfAttentionConfig::new(36, 4)
+            .init(&device)
+            .unwrap_err(),
+        ModelError::OddHeadDim { head_dim: 9 }
+    );
 }

@@ -1,5 +1,6 @@
 //! Causal multi-head softmax attention with RoPE on `Q` and `K`: the `A` mixer (MHA baseline).
 
+use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::module::attention;
@@ -9,8 +10,38 @@ use burn::tensor::{Device, Int, Tensor, activation};
 use relation_core::rope;
 
 use super::{linear, merge_heads, split_heads};
-use crate::Result;
 use crate::cache::LayerCache;
+
+/// Configuration of a [`CausalSelfAttention`] layer.
+#[derive(Config, Debug)]
+pub struct CausalSelfAttentionConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Heads `H`.
+    pub n_heads: usize,
+    /// RoPE base. Default: 1e4.
+    #[config(default = 1e4)]
+    pub rope_base: f64,
+}
+
+impl CausalSelfAttentionConfig {
+    /// Builds the layer.
+    ///
+    /// # Errors
+    /// Head layout errors ([`crate::config::check_heads`]).
+    pub fn init(&self, device: &Device) -> crate::Result<CausalSelfAttention> {
+        crate::config::check_heads(self.d_model, self.n_heads)?;
+        let d = self.d_model;
+        Ok(CausalSelfAttention {
+            wq: linear(d, d, device),
+            wk: linear(d, d, device),
+            wv: linear(d, d, device),
+            wo: linear(d, d, device),
+            heads: self.n_heads,
+            rope_base: self.rope_base,
+        })
+    }
+}
 
 /// Causal self-attention on the same backbone as Relation (bias-free, RoPE base 1e4).
 #[derive(Module, Debug)]
@@ -30,20 +61,11 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    /// A new layer.
-    pub fn new(config: &crate::RelationLmConfig, device: &Device) -> Self {
-        let d = config.d_model;
-        Self {
-            wq: linear(d, d, device),
-            wk: linear(d, d, device),
-            wv: linear(d, d, device),
-            wo: linear(d, d, device),
-            heads: config.n_heads,
-            rope_base: config.rope_base,
-        }
-    }
-
-    fn project(&self, x: Tensor<3>, offset: usize) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+    fn project(
+        &self,
+        x: Tensor<3>,
+        offset: usize,
+    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let q = rope(
             split_heads(self.wq.forward(x.clone()), self.heads),
             offset,
@@ -59,7 +81,7 @@ impl CausalSelfAttention {
 
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (q, k, v) = self.project(x, 0)?;
         let options = AttentionModuleOptions {
             scale: None,
@@ -82,7 +104,7 @@ impl CausalSelfAttention {
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
-    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let (q, k, v) = self.project(x, offset)?;
         let (k, v) = match std::mem::take(cache) {

@@ -1,5 +1,6 @@
 //! Multi-head Self-Exchange Relation (spec §1–§2), the `F` mixer.
 
+use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
@@ -7,14 +8,58 @@ use relation_core::{givens_mix, naive_relation_rows, rope};
 use relation_kernels::{Strategy, flash_relation};
 
 use super::{linear, merge_heads, split_heads};
-use crate::Result;
 use crate::cache::LayerCache;
+
+/// Configuration of a [`MultiHeadRelation`] layer.
+#[derive(Config, Debug)]
+pub struct MultiHeadRelationConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Heads `H` (even; `d / H` even).
+    pub n_heads: usize,
+    /// Index of the layer in its stack: chooses the Givens pairing. Default: 0.
+    #[config(default = 0)]
+    pub layer: usize,
+    /// Self temperature `tau_S`. Default: 2.
+    #[config(default = 2.0)]
+    pub tau: f64,
+    /// Initial `lambda`. Default: 0.5.
+    #[config(default = 0.5)]
+    pub lambda_init: f64,
+    /// RoPE base. Default: 1e4.
+    #[config(default = 1e4)]
+    pub rope_base: f64,
+}
+
+impl MultiHeadRelationConfig {
+    /// Builds the layer.
+    ///
+    /// # Errors
+    /// Head layout errors ([`crate::config::check_heads`]) and a bad `tau`.
+    pub fn init(&self, device: &Device) -> crate::Result<MultiHeadRelation> {
+        crate::config::check_heads(self.d_model, self.n_heads)?;
+        relation_core::check::tau(self.tau)?;
+        let d = self.d_model;
+        Ok(MultiHeadRelation {
+            w1: linear(d, d, device),
+            w2: linear(d, d, device),
+            wi: linear(d, d, device),
+            wo: linear(d, d, device),
+            lambda: Param::from_tensor(Tensor::from_data([self.lambda_init as f32], device)),
+            angles: Param::from_tensor(Tensor::zeros([self.n_heads / 2], device)),
+            layer: self.layer,
+            heads: self.n_heads,
+            tau: self.tau,
+            rope_base: self.rope_base,
+        })
+    }
+}
 
 /// Multi-head Relation: `Y = W_O concat_h Relation_h(rope(X W1), rope(X W2), Givens_l(X W_I))`.
 ///
 /// Parameters beyond an attention layer of the same width: one f32 `lambda` (init 0.5) and
 /// `H / 2` f32 Givens angles (init 0), i.e. 5 scalars at `H = 8`. The Givens pairing is chosen
-/// by the layer index (A on even layers, B on odd ones).
+/// by the layer index (A on even layers, B on odd ones). Built by [`MultiHeadRelationConfig`].
 #[derive(Module, Debug)]
 pub struct MultiHeadRelation {
     /// `P1 = X W1`.
@@ -40,25 +85,12 @@ pub struct MultiHeadRelation {
 }
 
 impl MultiHeadRelation {
-    /// A new layer; the caller has validated the configuration.
-    pub fn new(config: &crate::RelationLmConfig, layer: usize, device: &Device) -> Self {
-        let d = config.d_model;
-        Self {
-            w1: linear(d, d, device),
-            w2: linear(d, d, device),
-            wi: linear(d, d, device),
-            wo: linear(d, d, device),
-            lambda: Param::from_tensor(Tensor::from_data([config.lambda_init as f32], device)),
-            angles: Param::from_tensor(Tensor::zeros([config.n_heads / 2], device)),
-            layer,
-            heads: config.n_heads,
-            tau: config.tau,
-            rope_base: config.rope_base,
-        }
-    }
-
     /// `(rope(P1), rope(P2), Ĩ)` for tokens at positions `offset..`, each `[B, T, H, D]`.
-    fn project(&self, x: Tensor<3>, offset: usize) -> Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+    fn project(
+        &self,
+        x: Tensor<3>,
+        offset: usize,
+    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let p1 = rope(
             split_heads(self.w1.forward(x.clone()), self.heads),
             offset,
@@ -81,7 +113,7 @@ impl MultiHeadRelation {
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (p1, p2, info) = self.project(x, 0)?;
         let y = flash_relation(p1, p2, info, self.lambda.val(), self.tau, Strategy::Auto)?;
         Ok(self.wo.forward(merge_heads(y)))
@@ -92,7 +124,7 @@ impl MultiHeadRelation {
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]` (the next `n` tokens), output: `[B, n, d]`
-    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let (p1, p2, info) = self.project(x, offset)?;
         let (p2_all, info_all) = match std::mem::take(cache) {

@@ -10,7 +10,6 @@
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData, activation};
-use relation_core::testing::SplitMix64;
 use relation_core::{kda_log_gates, l2_normalize, rope};
 
 use super::{linear, merge_heads, split_heads};
@@ -51,17 +50,11 @@ impl KimiDeltaAttention {
     pub fn new(config: &crate::RelationLmConfig, layer: usize, seed: u64, device: &Device) -> Self {
         let d = config.d_model;
         let h = config.n_heads;
-        let mut rng = SplitMix64::new(seed ^ (layer as u64).wrapping_mul(0x51ED_2701));
-        let uniform01 = |rng: &mut SplitMix64| (rng.next_signed() + 1.0) / 2.0;
-        let a_log: Vec<f32> = (0..h)
-            .map(|_| (1.0 + 15.0 * uniform01(&mut rng)).ln() as f32)
-            .collect();
-        let dt_bias: Vec<f32> = (0..d)
-            .map(|_| {
-                let dt = (1e-3f64.ln() + (1e-1f64.ln() - 1e-3f64.ln()) * uniform01(&mut rng)).exp();
-                dt.exp_m1().ln() as f32
-            })
-            .collect();
+        let (a_log, dt_bias) = super::linear::kda_retention_init(
+            h,
+            d,
+            seed ^ (layer as u64).wrapping_mul(0x51ED_2701),
+        );
         Self {
             wq: linear(d, d, device),
             wk: linear(d, d, device),

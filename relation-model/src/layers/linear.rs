@@ -1,5 +1,6 @@
 //! Linear Relation (spec §3), the `L` mixer, with KDA's retention parameterization.
 
+use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
@@ -8,8 +9,86 @@ use relation_core::{givens_mix, kda_log_gates, rope};
 use relation_kernels::{Strategy, linear_relation};
 
 use super::{linear, merge_heads, split_heads};
-use crate::Result;
 use crate::cache::LayerCache;
+
+/// Configuration of a [`LinearRelation`] layer.
+#[derive(Config, Debug)]
+pub struct LinearRelationConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Heads `H` (even; `d / H` even).
+    pub n_heads: usize,
+    /// Index of the layer in its stack: Givens pairing and retention seed. Default: 0.
+    #[config(default = 0)]
+    pub layer: usize,
+    /// Self temperature `tau_S`. Default: 2.
+    #[config(default = 2.0)]
+    pub tau: f64,
+    /// RoPE base. Default: 1e4.
+    #[config(default = 1e4)]
+    pub rope_base: f64,
+    /// Rank of `W_up W_down`. Default: 0 = the head dimension.
+    #[config(default = 0)]
+    pub gate_rank: usize,
+    /// Seed of the retention initialisation. Default: 42.
+    #[config(default = 42)]
+    pub seed: u64,
+}
+
+impl LinearRelationConfig {
+    /// Builds the layer.
+    ///
+    /// # Errors
+    /// Head layout errors ([`crate::config::check_heads`]) and a bad `tau`.
+    pub fn init(&self, device: &Device) -> crate::Result<LinearRelation> {
+        crate::config::check_heads(self.d_model, self.n_heads)?;
+        relation_core::check::tau(self.tau)?;
+        let (d, h) = (self.d_model, self.n_heads);
+        let rank = if self.gate_rank == 0 {
+            d / h
+        } else {
+            self.gate_rank
+        };
+        let (a_log, dt_bias) = kda_retention_init(
+            h,
+            d,
+            self.seed ^ (self.layer as u64).wrapping_mul(0x9E37_79B9),
+        );
+        Ok(LinearRelation {
+            w1: linear(d, d, device),
+            w2: linear(d, d, device),
+            wi: linear(d, d, device),
+            wo: linear(d, d, device),
+            gate_down: linear(d, rank, device),
+            gate_up: linear(rank, d, device),
+            a_log: Param::from_tensor(Tensor::from_data(TensorData::new(a_log, [h]), device)),
+            dt_bias: Param::from_tensor(Tensor::from_data(TensorData::new(dt_bias, [d]), device)),
+            angles: Param::from_tensor(Tensor::zeros([h / 2], device)),
+            layer: self.layer,
+            heads: h,
+            tau: self.tau,
+            rope_base: self.rope_base,
+        })
+    }
+}
+
+/// KDA's retention initialisation: `A_log = ln(u)`, `u ~ U(1, 16)` per head, and
+/// `dt_bias = softplus^{-1}(dt)`, `dt` log-uniform in `[1e-3, 1e-1]` per channel.
+pub(crate) fn kda_retention_init(heads: usize, width: usize, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut rng = SplitMix64::new(seed);
+    let mut uniform01 = move || (rng.next_signed() + 1.0) / 2.0;
+    let a_log = (0..heads)
+        .map(|_| (1.0 + 15.0 * uniform01()).ln() as f32)
+        .collect();
+    let (low, high) = (1e-3f64.ln(), 1e-1f64.ln());
+    let dt_bias = (0..width)
+        .map(|_| {
+            let dt = (low + (high - low) * uniform01()).exp();
+            dt.exp_m1().ln() as f32 // softplus^{-1}(dt) = ln(e^dt - 1)
+        })
+        .collect();
+    (a_log, dt_bias)
+}
 
 /// Linear Relation layer: `Y = W_O concat_h LinearRelation_h(rope(X W1), rope(X W2),
 /// Givens_l(X W_I), g)` with per-channel log retention `g = -exp(A_log) softplus(W_up W_down x +
@@ -17,7 +96,7 @@ use crate::cache::LayerCache;
 ///
 /// Initialisation follows Kimi Delta Attention: `A_log = ln(u)`, `u ~ U(1, 16)` per head, and
 /// `dt_bias = softplus^{-1}(dt)` with `dt` log-uniform in `[1e-3, 1e-1]` per channel, so the
-/// initial decays span short and long memories.
+/// initial decays span short and long memories. Built by [`LinearRelationConfig`].
 #[derive(Module, Debug)]
 pub struct LinearRelation {
     /// `P1 = X W1`.
@@ -49,40 +128,8 @@ pub struct LinearRelation {
 }
 
 impl LinearRelation {
-    /// A new layer; `seed` makes the retention initialisation deterministic.
-    pub fn new(config: &crate::RelationLmConfig, layer: usize, seed: u64, device: &Device) -> Self {
-        let d = config.d_model;
-        let h = config.n_heads;
-        let mut rng = SplitMix64::new(seed ^ (layer as u64).wrapping_mul(0x9E37_79B9));
-        let uniform01 = |rng: &mut SplitMix64| (rng.next_signed() + 1.0) / 2.0;
-        let a_log: Vec<f32> = (0..h)
-            .map(|_| (1.0 + 15.0 * uniform01(&mut rng)).ln() as f32)
-            .collect();
-        let dt_bias: Vec<f32> = (0..d)
-            .map(|_| {
-                let dt = (1e-3f64.ln() + (1e-1f64.ln() - 1e-3f64.ln()) * uniform01(&mut rng)).exp();
-                (dt.exp_m1()).ln() as f32 // softplus^{-1}(dt)
-            })
-            .collect();
-        Self {
-            w1: linear(d, d, device),
-            w2: linear(d, d, device),
-            wi: linear(d, d, device),
-            wo: linear(d, d, device),
-            gate_down: linear(d, config.gate_rank(), device),
-            gate_up: linear(config.gate_rank(), d, device),
-            a_log: Param::from_tensor(Tensor::from_data(TensorData::new(a_log, [h]), device)),
-            dt_bias: Param::from_tensor(Tensor::from_data(TensorData::new(dt_bias, [d]), device)),
-            angles: Param::from_tensor(Tensor::zeros([h / 2], device)),
-            layer,
-            heads: h,
-            tau: config.tau,
-            rope_base: config.rope_base,
-        }
-    }
-
     /// `(rope(P1), rope(P2), Ĩ, log alpha)`, each `[B, T, H, D]`, for positions `offset..`.
-    fn project(&self, x: Tensor<3>, offset: usize) -> Result<[Tensor<4>; 4]> {
+    fn project(&self, x: Tensor<3>, offset: usize) -> crate::Result<[Tensor<4>; 4]> {
         let p1 = rope(
             split_heads(self.w1.forward(x.clone()), self.heads),
             offset,
@@ -105,7 +152,7 @@ impl LinearRelation {
 
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let [p1, p2, info, gates] = self.project(x, 0)?;
         let out = linear_relation(p1, p2, info, gates, self.tau, None, Strategy::Auto)?;
         Ok(self.wo.forward(merge_heads(out.y)))
@@ -115,7 +162,7 @@ impl LinearRelation {
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
-    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let n = x.dims()[1];
         let [p1, p2, info, gates] = self.project(x, offset)?;

@@ -8,10 +8,10 @@ mod realformer;
 mod retention;
 mod swiglu;
 
-pub use attention::CausalSelfAttention;
-pub use full::MultiHeadRelation;
+pub use attention::{CausalSelfAttention, CausalSelfAttentionConfig};
+pub use full::{MultiHeadRelation, MultiHeadRelationConfig};
 pub use kda::KimiDeltaAttention;
-pub use linear::LinearRelation;
+pub use linear::{LinearRelation, LinearRelationConfig};
 pub use realformer::RealFormerAttention;
 pub use retention::Retention;
 pub use swiglu::SwiGlu;
