@@ -311,3 +311,34 @@ fn layers_stand_alone_with_their_configs() {
         ModelError::OddHeadDim { head_dim: 9 }
     );
 }
+
+#[test]
+fn delta_rule_step_matches_the_matrix_formula() {
+    use relation_core::testing::uniform;
+    use relation_model::layers::delta_rule_step;
+    let device = Device::flex();
+    let (b, h, d) = (2, 3, 6);
+    let state = uniform([b, h, d, d], 1, 1.0, &device, DType::F64);
+    let k = relation_core::l2_normalize(uniform([b, h, 1, d], 2, 1.0, &device, DType::F64))
+        .swap_dims(2, 3);
+    let v = uniform([b, h, 1, d], 3, 1.0, &device, DType::F64);
+    let alpha = uniform([b, h, d, 1], 4, 0.4, &device, DType::F64) + 0.5;
+    let beta = uniform([b, h, 1, 1], 5, 0.4, &device, DType::F64) + 0.5;
+    // (I - beta k k^T) Diag(alpha) S + beta k v^T, with explicit matrices.
+    let eye = || {
+        Tensor::<2>::eye(d, &device)
+            .cast(DType::F64)
+            .reshape([1, 1, d, d])
+    };
+    let projector = eye() - k.clone().matmul(k.clone().swap_dims(2, 3)) * beta.clone();
+    let diag_alpha = eye() * alpha.clone();
+    let expected = projector.matmul(diag_alpha.matmul(state.clone()))
+        + (k.clone() * beta.clone()).matmul(v.clone());
+    let got = delta_rule_step(state, k, v, alpha, beta);
+    assert_close(
+        "delta rule",
+        &got,
+        &expected,
+        tolerance(DType::F64, Check::Forward),
+    );
+}

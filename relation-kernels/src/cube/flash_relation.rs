@@ -56,7 +56,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::{Tiling, empty_like, empty_like_dtype};
+use super::{Tiling, empty_like, empty_like_dtype, load_rows};
 use crate::launches;
 
 /// Channels of the forward statistics tensor `[B, T, H, STATS]`: `L`, `S`, `g`.
@@ -123,20 +123,30 @@ fn flash_relation_fwd_kernel<F: Float>(
     let num_blocks = (cube_end - 1).div_ceil(block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        let mut idx = UNIT_POS_X as usize;
-        while idx < block_k * head_dim {
-            let j = j0 + idx / head_dim;
-            let d = idx % head_dim;
-            let mut kv = f32::new(0.0);
-            let mut vv = f32::new(0.0);
-            if j < seq {
-                kv = f32::cast_from(p2[base + j * row_stride + d]);
-                vv = f32::cast_from(info[base + j * row_stride + d]);
-            }
-            k_tile[idx] = kv;
-            v_tile[idx] = vv;
-            idx += block_q;
-        }
+        load_rows::<F>(
+            p2,
+            &mut k_tile,
+            base,
+            row_stride,
+            j0,
+            seq,
+            1.0,
+            block_k,
+            head_dim,
+            false,
+        );
+        load_rows::<F>(
+            info,
+            &mut v_tile,
+            base,
+            row_stride,
+            j0,
+            seq,
+            1.0,
+            block_k,
+            head_dim,
+            false,
+        );
         sync_cube();
 
         if in_range && i > j0 {
@@ -298,20 +308,30 @@ fn flash_relation_dq_kernel<F: Float>(
     let num_blocks = (cube_end - 1).div_ceil(block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        let mut idx = UNIT_POS_X as usize;
-        while idx < block_k * head_dim {
-            let j = j0 + idx / head_dim;
-            let d = idx % head_dim;
-            let mut kv = f32::new(0.0);
-            let mut vv = f32::new(0.0);
-            if j < seq {
-                kv = f32::cast_from(p2[base + j * row_stride + d]);
-                vv = f32::cast_from(info[base + j * row_stride + d]);
-            }
-            k_tile[idx] = kv;
-            v_tile[idx] = vv;
-            idx += block_q;
-        }
+        load_rows::<F>(
+            p2,
+            &mut k_tile,
+            base,
+            row_stride,
+            j0,
+            seq,
+            1.0,
+            block_k,
+            head_dim,
+            false,
+        );
+        load_rows::<F>(
+            info,
+            &mut v_tile,
+            base,
+            row_stride,
+            j0,
+            seq,
+            1.0,
+            block_k,
+            head_dim,
+            false,
+        );
         sync_cube();
         if in_range && i > j0 {
             let mut count = i - j0;
@@ -404,18 +424,26 @@ fn flash_relation_dkdv_kernel<F: Float>(
     let num_blocks = seq.div_ceil(block_k);
     for kb in first..num_blocks {
         let i0 = kb * block_k;
+        load_rows::<F>(
+            p1,
+            &mut q_tile,
+            base,
+            row_stride,
+            i0,
+            seq,
+            scale,
+            block_k,
+            head_dim,
+            false,
+        );
         let mut idx = UNIT_POS_X as usize;
         while idx < block_k * head_dim {
             let i = i0 + idx / head_dim;
-            let d = idx % head_dim;
-            let mut qv = f32::new(0.0);
             let mut gv = f32::new(0.0);
             if i < seq {
                 let ridx = (rows_base + i * heads) * ROWS;
-                qv = f32::cast_from(p1[base + i * row_stride + d]) * scale;
-                gv = f32::cast_from(dy[base + i * row_stride + d]) * rows[ridx + 2]; // dĪ_i
+                gv = f32::cast_from(dy[base + i * row_stride + idx % head_dim]) * rows[ridx + 2]; // dĪ_i
             }
-            q_tile[idx] = qv;
             g_tile[idx] = gv;
             idx += block_q;
         }

@@ -36,41 +36,11 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::empty_like;
+use super::{empty_like, load_rows};
 use crate::launches;
 
 /// Tokens per shared-memory tile.
 const TOKENS: usize = 16;
-
-/// Loads `TOKENS` rows of up to four `[B, T, H, D]` tensors starting at token `t0` into shared
-/// tiles (zeros past the end); gates are stored as `e^{g}`.
-#[cube]
-#[allow(clippy::too_many_arguments)]
-fn load_tile<F: Float>(
-    src: &Tensor<F>,
-    tile: &mut Shared<[f32]>,
-    base: usize,
-    row_stride: usize,
-    t0: usize,
-    seq: usize,
-    #[comptime] exp: bool,
-    #[comptime] head_dim: usize,
-) {
-    let mut idx = UNIT_POS_X as usize;
-    while idx < TOKENS * head_dim {
-        let t = t0 + idx / head_dim;
-        let d = idx % head_dim;
-        let mut x = f32::new(0.0);
-        if t < seq {
-            x = f32::cast_from(src[base + t * row_stride + d]);
-            if comptime!(exp) {
-                x = x.exp();
-            }
-        }
-        tile[idx] = x;
-        idx += CUBE_DIM_X as usize;
-    }
-}
 
 /// Forward: one unit per state column `c`.
 #[cube(launch)]
@@ -107,10 +77,54 @@ fn linear_relation_fwd_kernel<F: Float>(
 
     for tile in 0..seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_tile::<F>(q, &mut q_tile, base, row_stride, t0, seq, false, head_dim);
-        load_tile::<F>(k, &mut k_tile, base, row_stride, t0, seq, false, head_dim);
-        load_tile::<F>(g, &mut a_tile, base, row_stride, t0, seq, true, head_dim);
-        load_tile::<F>(v, &mut v_tile, base, row_stride, t0, seq, false, head_dim);
+        load_rows::<F>(
+            q,
+            &mut q_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
+        load_rows::<F>(
+            k,
+            &mut k_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
+        load_rows::<F>(
+            g,
+            &mut a_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            true,
+        );
+        load_rows::<F>(
+            v,
+            &mut v_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
         sync_cube();
         let mut n = seq - t0;
         if n > TOKENS {
@@ -170,18 +184,31 @@ fn linear_relation_dq_kernel<F: Float>(
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     for tile in 0..seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_tile::<F>(v, &mut v_tile, base, row_stride, t0, seq, false, head_dim);
-        // dy rows of the bundled gradient [B, H, T + D, D]
-        let mut idx = UNIT_POS_X as usize;
-        while idx < TOKENS * head_dim {
-            let t = t0 + idx / head_dim;
-            let mut x = f32::new(0.0);
-            if t < seq {
-                x = f32::cast_from(d_out[out_base + t * head_dim + idx % head_dim]);
-            }
-            dy_tile[idx] = x;
-            idx += CUBE_DIM_X as usize;
-        }
+        load_rows::<F>(
+            v,
+            &mut v_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
+        // dy rows of the bundled gradient [B, H, T + D, D]: row stride D from `out_base`.
+        load_rows::<F>(
+            d_out,
+            &mut dy_tile,
+            out_base,
+            head_dim,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
         sync_cube();
         let mut n = seq - t0;
         if n > TOKENS {
@@ -240,17 +267,31 @@ fn linear_relation_dk_kernel<F: Float>(
     let tiles = seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_tile::<F>(v, &mut v_tile, base, row_stride, t0, seq, false, head_dim);
-        let mut idx = UNIT_POS_X as usize;
-        while idx < TOKENS * head_dim {
-            let t = t0 + idx / head_dim;
-            let mut x = f32::new(0.0);
-            if t < seq {
-                x = f32::cast_from(d_out[out_base + t * head_dim + idx % head_dim]);
-            }
-            dy_tile[idx] = x;
-            idx += CUBE_DIM_X as usize;
-        }
+        load_rows::<F>(
+            v,
+            &mut v_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
+        // dy rows of the bundled gradient [B, H, T + D, D]: row stride D from `out_base`.
+        load_rows::<F>(
+            d_out,
+            &mut dy_tile,
+            out_base,
+            head_dim,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
         sync_cube();
         let mut n = seq - t0;
         if n > TOKENS {
@@ -313,9 +354,42 @@ fn linear_relation_dv_kernel<F: Float>(
     let tiles = seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_tile::<F>(q, &mut q_tile, base, row_stride, t0, seq, false, head_dim);
-        load_tile::<F>(k, &mut k_tile, base, row_stride, t0, seq, false, head_dim);
-        load_tile::<F>(g, &mut a_tile, base, row_stride, t0, seq, true, head_dim);
+        load_rows::<F>(
+            q,
+            &mut q_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
+        load_rows::<F>(
+            k,
+            &mut k_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            false,
+        );
+        load_rows::<F>(
+            g,
+            &mut a_tile,
+            base,
+            row_stride,
+            t0,
+            seq,
+            1.0,
+            TOKENS,
+            head_dim,
+            true,
+        );
         sync_cube();
         let mut n = seq - t0;
         if n > TOKENS {

@@ -59,6 +59,39 @@ fn fill_kernel<F: Float>(out: &mut Tensor<F>, value: f32, #[define(F)] _dtype: E
     }
 }
 
+/// Cooperative load of `rows` consecutive token rows of a contiguous tensor into a shared f32
+/// tile: row `r` of the tile is `src[base + (first + r) * row_stride + 0 .. D]`, times `scale`
+/// (then exponentiated when `exp`), and zero past token `seq`. All units of the cube take part;
+/// the caller synchronises.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut Shared<[f32]>,
+    base: usize,
+    row_stride: usize,
+    first: usize,
+    seq: usize,
+    scale: f32,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] exp: bool,
+) {
+    let mut idx = UNIT_POS_X as usize;
+    while idx < rows * head_dim {
+        let t = first + idx / head_dim;
+        let mut x = f32::new(0.0);
+        if t < seq {
+            x = f32::cast_from(src[base + t * row_stride + idx % head_dim]) * scale;
+            if comptime!(exp) {
+                x = x.exp();
+            }
+        }
+        tile[idx] = x;
+        idx += CUBE_DIM_X as usize;
+    }
+}
+
 /// A contiguous tensor on `like`'s device with the given dtype, uninitialised (or NaN-poisoned).
 ///
 /// Allocated as raw bytes so the strides are exactly row-major (the client's tensor allocator may

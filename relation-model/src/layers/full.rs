@@ -4,10 +4,10 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use relation_core::{givens_mix, naive_relation_rows, rope};
+use relation_core::naive_relation_rows;
 use relation_kernels::{Strategy, flash_relation};
 
-use super::{linear, merge_heads, split_heads};
+use super::{linear, merge_heads, relation_projections};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`MultiHeadRelation`] layer.
@@ -91,22 +91,15 @@ impl MultiHeadRelation {
         x: Tensor<3>,
         offset: usize,
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-        let p1 = rope(
-            split_heads(self.w1.forward(x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        let p2 = rope(
-            split_heads(self.w2.forward(x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        let info = givens_mix(
-            split_heads(self.wi.forward(x), self.heads),
+        relation_projections(
+            [&self.w1, &self.w2, &self.wi],
             self.angles.val(),
             self.layer,
-        )?;
-        Ok((p1, p2, info))
+            self.heads,
+            self.rope_base,
+            x,
+            offset,
+        )
     }
 
     /// Full-sequence forward (training, prefill): the fused FlashRelation where available.

@@ -102,11 +102,7 @@ impl KimiDeltaAttention {
         let mut outputs = Vec::with_capacity(n);
         for t in 0..n {
             let beta_t = beta.clone().narrow(1, t, 1).reshape([b, h, 1, 1]);
-            let decayed = state * column(&alpha, t); // Diag(alpha_t) S_{t-1}
-            let k_t = column(&k, t);
-            // (I - beta k k^T) S + beta k v^T = S - beta k (k^T S - v^T)
-            let error = k_t.clone().swap_dims(2, 3).matmul(decayed.clone()) - row(&v, t); // [B, H, 1, D]
-            state = decayed - (k_t * beta_t).matmul(error);
+            state = delta_rule_step(state, column(&k, t), row(&v, t), column(&alpha, t), beta_t);
             outputs.push(row(&q, t).matmul(state.clone()).reshape([b, 1, h, d])); // (S^T q)^T
         }
         *cache = LayerCache::Linear {
@@ -126,4 +122,23 @@ impl KimiDeltaAttention {
     pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
         self.forward_cached(x, &mut LayerCache::Empty)
     }
+}
+
+/// One step of the gated delta rule:
+/// `S' = (I - beta k k^T) Diag(alpha) S + beta k v^T`, computed as
+/// `Diag(alpha) S - beta k (k^T Diag(alpha) S - v^T)` (no `D x D` identity).
+///
+/// # Shapes
+/// - `state`: `[B, H, D, D]`; `k`, `alpha`: `[B, H, D, 1]`; `v`: `[B, H, 1, D]`;
+///   `beta`: `[B, H, 1, 1]`; output: `[B, H, D, D]`
+pub fn delta_rule_step(
+    state: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    alpha: Tensor<4>,
+    beta: Tensor<4>,
+) -> Tensor<4> {
+    let decayed = state * alpha; // Diag(alpha) S
+    let error = k.clone().swap_dims(2, 3).matmul(decayed.clone()) - v; // k^T S - v^T, [B, H, 1, D]
+    decayed - (k * beta).matmul(error)
 }

@@ -4,11 +4,11 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
+use relation_core::kda_log_gates;
 use relation_core::testing::SplitMix64;
-use relation_core::{givens_mix, kda_log_gates, rope};
 use relation_kernels::{Strategy, linear_relation};
 
-use super::{linear, merge_heads, split_heads};
+use super::{linear, merge_heads, relation_projections, split_heads};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`LinearRelation`] layer.
@@ -130,20 +130,14 @@ pub struct LinearRelation {
 impl LinearRelation {
     /// `(rope(P1), rope(P2), Ĩ, log alpha)`, each `[B, T, H, D]`, for positions `offset..`.
     fn project(&self, x: Tensor<3>, offset: usize) -> crate::Result<[Tensor<4>; 4]> {
-        let p1 = rope(
-            split_heads(self.w1.forward(x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        let p2 = rope(
-            split_heads(self.w2.forward(x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        let info = givens_mix(
-            split_heads(self.wi.forward(x.clone()), self.heads),
+        let (p1, p2, info) = relation_projections(
+            [&self.w1, &self.w2, &self.wi],
             self.angles.val(),
             self.layer,
+            self.heads,
+            self.rope_base,
+            x.clone(),
+            offset,
         )?;
         let pre = split_heads(self.gate_up.forward(self.gate_down.forward(x)), self.heads);
         let gates = kda_log_gates(pre, self.a_log.val(), self.dt_bias.val());
