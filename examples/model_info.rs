@@ -97,7 +97,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .into_data()
                 .iter::<f32>()
                 .collect();
-            seq.push(sampling.draw(&last, &mut relation_core::testing::SplitMix64::new(0)));
+            seq.push(sampling.draw(&last, &mut relation_core::rng::SplitMix64::new(0)));
         }
         let uncached = new_tokens as f64 / start.elapsed().as_secs_f64();
         assert_eq!(

@@ -29,6 +29,7 @@ pub mod error;
 pub mod givens;
 pub mod linear;
 pub mod relation;
+pub mod rng;
 pub mod rope;
 pub mod testing;
 

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use relation_core::testing::SplitMix64;
+use relation_core::rng::SplitMix64;
 
 use crate::error::{ModelError, Result};
 use crate::model::RelationLm;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, here, what a lent GPU machine runs (it has no Rust toolchain and no network):
-# the kernel test binary and the benchmark, with the `vulkan` feature (SPIR-V on a real GPU;
+# the kernel test binary and both benchmarks, with the `vulkan` feature (SPIR-V on a real GPU;
 # the `cuda` runtime needs an LLVM bundle that cannot be downloaded here). Binaries are stripped
 # and xz-compressed into .gpu/ (git-ignored), with the Vulkan loader packages in .gl/.
 # Then, with the device tool: carry [".gpu", ".gl"], command `bash scripts/gpu/run.sh`.
@@ -10,20 +10,20 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
 mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 
-tests=$(cargo test --release -p relation-kernels --features vulkan --no-run --message-format=json 2>/dev/null \
+# One cargo invocation for everything, so features unify once (building the tests and the
+# examples separately compiles Burn twice). `cargo test --no-run` also builds the examples.
+cargo test --release --workspace --features vulkan --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
+want={"kernels","flash_relation_bench","linear_relation_bench"}
 for l in sys.stdin:
     m=json.loads(l)
-    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="kernels": print(m["executable"])')
-cargo build --release -p relation-examples --example flash_relation_bench --example linear_relation_bench \
-  --features vulkan
-examples="$CARGO_TARGET_DIR/release/examples"
-for pair in "kernels:$tests" "flash_relation_bench:$examples/flash_relation_bench" \
-            "linear_relation_bench:$examples/linear_relation_bench"; do
-  name=${pair%%:*}; path=${pair#*:}
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
+        print(m["target"]["name"], m["executable"])' > .gpu/binaries.txt
+[ "$(wc -l < .gpu/binaries.txt)" -eq 3 ] || { echo "expected 3 binaries, got: $(cat .gpu/binaries.txt)" >&2; exit 1; }
+while read -r name path; do
   strip -o ".gpu/$name" "$path"
   xz -T2 -6 -f ".gpu/$name"
-done
+done < .gpu/binaries.txt
 ls -la .gpu
 
 # The Vulkan loader for the GPU machine (see the device tool's README).

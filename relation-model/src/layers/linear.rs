@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 use relation_core::kda_log_gates;
-use relation_core::testing::SplitMix64;
+use relation_core::rng::SplitMix64;
 use relation_kernels::{Strategy, linear_relation};
 
 use super::{linear, merge_heads, relation_projections, split_heads};
