@@ -1,20 +1,14 @@
 //! FlashRelation on `Device::wgpu` against the `relation-core` references on Flex: forward,
 //! statistics and every gradient, over awkward shapes, in f32 and f16.
 
-use burn::tensor::{DType, Device, DeviceKind, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, naive_factorized_relation, naive_parallel_relation};
 use relation_kernels::{
     KernelError, Strategy, debug, flash_relation, flash_relation_with_stats, launches,
 };
 
-fn wgpu() -> Device {
-    let device = Device::wgpu(DeviceKind::DefaultDevice);
-    device
-        .identity()
-        .expect("no wgpu adapter: kernel tests must not be skipped");
-    device
-}
+use crate::common::{to_flex, wgpu};
 
 /// Inputs made in f32 on Flex, rounded through `dtype`, so kernel and reference see equal values.
 struct Case {
@@ -65,10 +59,6 @@ impl Case {
             weights: Tensor::from_data(self.weights.clone(), (device, dtype)),
         }
     }
-}
-
-fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
-    Tensor::from_data(x.into_data().convert::<f32>(), &Device::flex())
 }
 
 /// Forward, statistics and all four gradients of the fused kernel against the references.

@@ -6,6 +6,9 @@
 mod strategy;
 
 #[cfg(feature = "wgpu")]
+mod common;
+
+#[cfg(feature = "wgpu")]
 mod flash_relation;
 #[cfg(feature = "wgpu")]
 mod linear_relation;

@@ -1,18 +1,12 @@
 //! Linear Relation's fused kernels on `Device::wgpu` against the `relation-core` token loop on
 //! Flex: outputs, final state and every gradient; state carry; prefill then decode.
 
-use burn::tensor::{DType, Device, DeviceKind, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput, naive_recurrent_linear_relation};
 use relation_kernels::{Strategy, debug, launches, linear_relation, linear_relation_step};
 
-fn wgpu() -> Device {
-    let device = Device::wgpu(DeviceKind::DefaultDevice);
-    device
-        .identity()
-        .expect("no wgpu adapter: kernel tests must not be skipped");
-    device
-}
+use crate::common::{to_flex, wgpu};
 
 /// Inputs in f32 on Flex, rounded through `dtype`: `[p1, p2, info, log_alpha]`, the initial
 /// state, and the loss weights of `y` and of the final state.
@@ -64,10 +58,6 @@ impl Case {
         let w_state = Tensor::<4>::from_data(self.w_state.clone(), (device, dtype));
         (out.y.clone() * w_y).sum() + (out.state.clone() * w_state).sum()
     }
-}
-
-fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
-    Tensor::from_data(x.into_data().convert::<f32>(), &Device::flex())
 }
 
 fn run(x: &On, strategy: Strategy) -> LinearRelationOutput {

@@ -1,21 +1,12 @@
 //! CI smoke test: a CubeCL kernel launched through Burn on `Device::wgpu`, checked for its
 //! numbers and gradients. Fails (never skips) when no wgpu adapter exists.
 
-use burn::tensor::{DType, Device, DeviceKind, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, naive_self_relation};
-use relation_kernels::{Strategy, is_cube, launches, self_relation};
+use relation_kernels::{Strategy, launches, self_relation};
 
-fn wgpu() -> Device {
-    let device = Device::wgpu(DeviceKind::DefaultDevice);
-    let identity = device.identity().expect(
-        "no wgpu adapter: install a Vulkan driver (Debian: mesa-vulkan-drivers for the software \
-         one) — kernel tests must not be skipped",
-    );
-    eprintln!("wgpu adapter: {identity:?}");
-    assert!(is_cube(&device), "Device::wgpu must be a CubeCL device");
-    device
-}
+use crate::common::wgpu;
 
 #[test]
 fn self_relation_kernel_matches_reference() {

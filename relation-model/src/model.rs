@@ -224,13 +224,15 @@ impl RelationLm {
     /// Checks that every token id is below the vocabulary size.
     ///
     /// # Errors
-    /// [`ModelError::TokenOutOfRange`] naming the largest offending id.
+    /// [`ModelError::TokenOutOfRange`] naming the first offending id.
     pub fn check_tokens(&self, tokens: &Tensor<2, Int>) -> Result<()> {
         let vocab = self.vocab_size();
-        let max = tokens.clone().max().into_scalar::<i64>();
-        let min = tokens.clone().min().into_scalar::<i64>();
-        if max >= vocab as i64 || min < 0 {
-            let token = if min < 0 { min } else { max };
+        // One read-back; the first offending id is reported.
+        let bad = tokens
+            .to_data()
+            .iter::<i64>()
+            .find(|&t| t < 0 || t >= vocab as i64);
+        if let Some(token) = bad {
             return Err(ModelError::TokenOutOfRange {
                 token: token as u32,
                 vocab,
