@@ -1,0 +1,299 @@
+//! Checkpoints: model weights, optimizer state, step, data position and seed, written so that a
+//! crash at any moment leaves the previous checkpoint intact and findable.
+//!
+//! ```text
+//! run/checkpoints/
+//!   step-00000200/  model.bpk  optim.bpk  state.json   (sizes + CRC32 of both files)
+//!   step-00000300/  …
+//!   latest          "step-00000300"
+//! ```
+//!
+//! A save writes everything into `.tmp-step-N/`, renames that directory to `step-N/` (atomic on
+//! one file system), then replaces `latest` through a temporary file and a rename. A reader
+//! follows `latest`, so it only ever sees complete checkpoints; leftover `.tmp-*` directories
+//! from an interrupted save are removed by the next save. On load, the sizes and CRC32s in
+//! `state.json` and the fingerprints of the model configuration and the tokenizer are checked,
+//! so a truncated, corrupted or foreign checkpoint is refused with a message instead of being
+//! loaded or overwritten.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use burn::optim::ModuleOptimizer;
+use relation_model::RelationLm;
+use serde::{Deserialize, Serialize};
+
+use crate::data::{DataPosition, write_atomic};
+use crate::error::io;
+use crate::{Result, TrainError};
+
+/// Version of the `state.json` layout.
+pub const FORMAT: u32 = 1;
+
+/// Test hook: when this environment variable is `1`, a save aborts the process after writing
+/// the model file (simulating a kill in the middle of a checkpoint write).
+pub const CRASH_DURING_SAVE_ENV: &str = "RELATION_TEST_CRASH_DURING_SAVE";
+
+/// Size and checksum of one checkpoint file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileSum {
+    /// Bytes.
+    pub bytes: u64,
+    /// CRC32 (IEEE).
+    pub crc32: u32,
+}
+
+/// Everything besides the tensors.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointState {
+    /// [`FORMAT`].
+    pub format: u32,
+    /// Optimizer steps completed.
+    pub step: u64,
+    /// Training tokens consumed.
+    pub tokens_seen: u64,
+    /// Where the data order continues.
+    pub position: DataPosition,
+    /// Seed of the run (weights and data order).
+    pub seed: u64,
+    /// Fingerprint of `model.json`.
+    pub model_fingerprint: String,
+    /// Fingerprint of `tokenizer.json`.
+    pub tokenizer_fingerprint: String,
+    /// Training time so far, seconds.
+    pub elapsed_s: f64,
+    /// Sizes and checksums of the tensor files.
+    pub files: BTreeMap<String, FileSum>,
+}
+
+/// A fingerprint of a text (CRC32 and length), for configuration and tokenizer identity.
+pub fn fingerprint(text: &str) -> String {
+    format!("{:08x}-{}", crc32fast::hash(text.as_bytes()), text.len())
+}
+
+fn sum_file(path: &Path) -> Result<FileSum> {
+    let bytes = fs::read(path).map_err(io(path))?;
+    Ok(FileSum {
+        bytes: bytes.len() as u64,
+        crc32: crc32fast::hash(&bytes),
+    })
+}
+
+fn checkpoints_dir(run: &Path) -> PathBuf {
+    run.join("checkpoints")
+}
+
+fn name_of(step: u64) -> String {
+    format!("step-{step:08}")
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> TrainError {
+    TrainError::Checkpoint {
+        path: path.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Writes a checkpoint of `step` and points `latest` at it; keeps the newest `keep`.
+///
+/// # Errors
+/// Any file-system failure (the previous checkpoint stays the latest).
+pub fn save(
+    run: &Path,
+    model: &RelationLm,
+    optim: &ModuleOptimizer,
+    mut state: CheckpointState,
+    keep: usize,
+) -> Result<PathBuf> {
+    let root = checkpoints_dir(run);
+    fs::create_dir_all(&root).map_err(io(&root))?;
+    remove_leftovers(&root)?;
+    let name = name_of(state.step);
+    let tmp = root.join(format!(".tmp-{name}"));
+    fs::create_dir_all(&tmp).map_err(io(&tmp))?;
+
+    let model_path = tmp.join("model.bpk");
+    model.save(&model_path)?;
+    if std::env::var(CRASH_DURING_SAVE_ENV).as_deref() == Ok("1") {
+        eprintln!("{CRASH_DURING_SAVE_ENV}=1: aborting in the middle of a checkpoint write");
+        std::process::abort();
+    }
+    let optim_path = tmp.join("optim.bpk");
+    optim
+        .save(&optim_path)
+        .map_err(|e| bad(&optim_path, format!("writing the optimizer state: {e:?}")))?;
+    state.format = FORMAT;
+    state.files = BTreeMap::from([
+        ("model.bpk".to_string(), sum_file(&model_path)?),
+        ("optim.bpk".to_string(), sum_file(&optim_path)?),
+    ]);
+    let json = serde_json::to_string_pretty(&state).expect("state serializes");
+    fs::write(tmp.join("state.json"), json).map_err(io(tmp.join("state.json")))?;
+
+    let dest = root.join(&name);
+    if dest.exists() {
+        // Re-saving a step (a resumed run stopped at the same step): move the old one aside
+        // first so a crash between the two renames still leaves `latest` valid or pointing
+        // at an older complete checkpoint.
+        let old = root.join(format!(".tmp-old-{name}"));
+        fs::rename(&dest, &old).map_err(io(&dest))?;
+        fs::rename(&tmp, &dest).map_err(io(&dest))?;
+        fs::remove_dir_all(&old).map_err(io(&old))?;
+    } else {
+        fs::rename(&tmp, &dest).map_err(io(&dest))?;
+    }
+    write_atomic(&root.join("latest"), name.as_bytes())?;
+    prune(&root, keep, &name)?;
+    Ok(dest)
+}
+
+fn remove_leftovers(root: &Path) -> Result<()> {
+    for entry in fs::read_dir(root).map_err(io(root))?.flatten() {
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with(".tmp-") {
+            let path = entry.path();
+            if path.is_dir() {
+                fs::remove_dir_all(&path).map_err(io(&path))?;
+            } else {
+                fs::remove_file(&path).map_err(io(&path))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Complete checkpoint directories (`step-N`), oldest first.
+pub fn list(run: &Path) -> Result<Vec<PathBuf>> {
+    let root = checkpoints_dir(run);
+    if !root.exists() {
+        return Ok(Vec::new());
+    }
+    let mut dirs: Vec<PathBuf> = fs::read_dir(&root)
+        .map_err(io(&root))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.is_dir()
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("step-"))
+        })
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
+fn prune(root: &Path, keep: usize, current: &str) -> Result<()> {
+    let dirs = list(root.parent().expect("checkpoints has a parent"))?;
+    let excess = dirs.len().saturating_sub(keep);
+    for dir in dirs.into_iter().take(excess) {
+        if dir.file_name().is_some_and(|n| n != current) {
+            fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint `latest` points at, or `None` for a run without checkpoints.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] if `latest` is unreadable or names a missing directory.
+pub fn latest(run: &Path) -> Result<Option<PathBuf>> {
+    let pointer = checkpoints_dir(run).join("latest");
+    if !pointer.exists() {
+        return Ok(None);
+    }
+    let name = fs::read_to_string(&pointer).map_err(io(&pointer))?;
+    let name = name.trim();
+    if !name.starts_with("step-") || name.contains(['/', '\\']) {
+        return Err(bad(
+            &pointer,
+            format!("does not name a checkpoint: {name:?}"),
+        ));
+    }
+    let dir = checkpoints_dir(run).join(name);
+    if !dir.is_dir() {
+        return Err(bad(
+            &pointer,
+            format!("points at {name}, which does not exist"),
+        ));
+    }
+    Ok(Some(dir))
+}
+
+/// Reads and verifies a checkpoint's state: format, file sizes and checksums, and that it was
+/// made for this model configuration and tokenizer.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] naming what does not match.
+pub fn verify(dir: &Path, model_json: &str, tokenizer_json: &str) -> Result<CheckpointState> {
+    let state_path = dir.join("state.json");
+    let text = fs::read_to_string(&state_path).map_err(|e| bad(&state_path, e.to_string()))?;
+    let state: CheckpointState =
+        serde_json::from_str(&text).map_err(|e| bad(&state_path, format!("corrupt: {e}")))?;
+    if state.format != FORMAT {
+        return Err(bad(
+            &state_path,
+            format!(
+                "format {} is not {FORMAT}, the one this build reads",
+                state.format
+            ),
+        ));
+    }
+    for file in ["model.bpk", "optim.bpk"] {
+        let path = dir.join(file);
+        let expected = state
+            .files
+            .get(file)
+            .ok_or_else(|| bad(&state_path, format!("lists no {file}")))?;
+        let actual = sum_file(&path).map_err(|e| bad(&path, e.to_string()))?;
+        if &actual != expected {
+            return Err(bad(
+                &path,
+                format!(
+                    "corrupt: {} bytes with CRC32 {:08x}, state.json expects {} bytes with CRC32 {:08x}",
+                    actual.bytes, actual.crc32, expected.bytes, expected.crc32
+                ),
+            ));
+        }
+    }
+    let model_fp = fingerprint(model_json);
+    if state.model_fingerprint != model_fp {
+        return Err(bad(
+            dir,
+            format!(
+                "made for another model configuration (fingerprint {} vs this run's model.json {model_fp})",
+                state.model_fingerprint
+            ),
+        ));
+    }
+    let tok_fp = fingerprint(tokenizer_json);
+    if state.tokenizer_fingerprint != tok_fp {
+        return Err(bad(
+            dir,
+            format!(
+                "made with another tokenizer (fingerprint {} vs this run's tokenizer.json {tok_fp})",
+                state.tokenizer_fingerprint
+            ),
+        ));
+    }
+    Ok(state)
+}
+
+/// Loads verified weights into `model` (built from the same configuration).
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] if the file does not decode.
+pub fn load_model(dir: &Path, model: RelationLm) -> Result<RelationLm> {
+    let path = dir.join("model.bpk");
+    model.load(&path).map_err(|e| bad(&path, e.to_string()))
+}
+
+/// Loads verified optimizer state into `optim` (built with the same groups).
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] if the file does not decode.
+pub fn load_optim(dir: &Path, optim: ModuleOptimizer) -> Result<ModuleOptimizer> {
+    let path = dir.join("optim.bpk");
+    optim.load(&path).map_err(|e| bad(&path, format!("{e:?}")))
+}

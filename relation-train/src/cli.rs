@@ -1,0 +1,479 @@
+//! The `relation` command line: `train`, `eval`, `generate`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use relation_model::Sampling;
+
+use crate::config::RunConfig;
+use crate::data::{self, DEFAULT_CORPUS_NAME};
+use crate::device::parse_device;
+use crate::evaluate::{evaluate, load_run};
+use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
+use crate::{Result, TrainError};
+
+/// Train, evaluate and sample from Relation language models on any Burn backend.
+#[derive(Debug, Parser)]
+#[command(name = "relation", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model in a run directory (new, or continued with --resume).
+    Train(Box<TrainArgs>),
+    /// Validation loss, perplexity and bits per byte of a run's checkpoint, on its validation
+    /// split or on any text.
+    Eval(EvalArgs),
+    /// Sample text from a run's checkpoint, with the model's incremental-decoding cache.
+    Generate(GenerateArgs),
+}
+
+/// `relation train`.
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct TrainArgs {
+    /// Run directory: config.json, model.json, tokenizer.json, checkpoints/, metrics.csv,
+    /// metrics.jsonl, loss.png. Default: runs/<preset>-<unix seconds>. Must not hold a run
+    /// unless --resume is given.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// JSON configuration (any subset of the keys of a run's config.json); flags override it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Continue the run in --run-dir from its latest checkpoint, with its saved configuration
+    /// (only --device, --steps, --stop-at and the eval/log/checkpoint cadence may change).
+    #[arg(long, requires = "run_dir")]
+    pub resume: bool,
+    /// End this invocation after this step (writing a checkpoint), as if stopped; the schedule
+    /// still spans --steps, and --resume continues exactly where it stopped.
+    #[arg(long, value_name = "STEP")]
+    pub stop_at: Option<u64>,
+    /// Hide the progress bar (log lines only).
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Device: flex (pure-Rust CPU), wgpu[:N], vulkan[:N], metal, cuda[:N], rocm[:N], cpu,
+    /// ndarray — those compiled in (cargo features). Default: flex.
+    #[arg(long)]
+    pub device: Option<String>,
+
+    // Model.
+    /// Model preset: cpu (default; minutes on 2 CPU cores), tiny, small, 10m, 30m, 100m,
+    /// hybrid-32m; append -mha for the attention baseline (e.g. cpu-mha, 10m-mha).
+    #[arg(long, help_heading = "Model")]
+    pub preset: Option<String>,
+    /// Layer pattern, repeated over the layers: F Full Relation, L Linear Relation, A attention,
+    /// R RealFormer, N retention, K Kimi Delta Attention (LLLF = the paper's Hybrid).
+    #[arg(long, help_heading = "Model")]
+    pub pattern: Option<String>,
+    /// Model width.
+    #[arg(long, help_heading = "Model")]
+    pub d_model: Option<usize>,
+    /// Number of layers.
+    #[arg(long, help_heading = "Model")]
+    pub n_layers: Option<usize>,
+    /// Number of heads (even).
+    #[arg(long, help_heading = "Model")]
+    pub n_heads: Option<usize>,
+    /// FFN width.
+    #[arg(long, help_heading = "Model")]
+    pub d_ff: Option<usize>,
+
+    // Data.
+    /// Training text: files, folders (.txt, .md, .jsonl inside) or JSON Lines with a `text`
+    /// field; repeat for several. Default: the shipped corpus (Moby Dick).
+    #[arg(long = "data", value_name = "PATH", help_heading = "Data")]
+    pub data: Vec<PathBuf>,
+    /// Share of the text held out for validation (default 0.05).
+    #[arg(long, help_heading = "Data")]
+    pub val_fraction: Option<f64>,
+    /// Vocabulary of the BPE tokenizer trained on the training split (default 4096).
+    #[arg(long, help_heading = "Data")]
+    pub vocab_size: Option<usize>,
+    /// Use this tokenizer.json instead of training one.
+    #[arg(long, value_name = "FILE", help_heading = "Data")]
+    pub tokenizer: Option<PathBuf>,
+    /// Cache for tokenizers and tokenized corpora (default ~/.cache/relation).
+    #[arg(long, value_name = "DIR", help_heading = "Data")]
+    pub cache_dir: Option<PathBuf>,
+
+    // Optimisation.
+    /// Optimizer steps in the whole run (default 250).
+    #[arg(long, help_heading = "Training")]
+    pub steps: Option<u64>,
+    /// Context length in tokens (default 128).
+    #[arg(long, help_heading = "Training")]
+    pub seq_len: Option<usize>,
+    /// Sequences per forward/backward pass (default 16).
+    #[arg(long, help_heading = "Training")]
+    pub batch_size: Option<usize>,
+    /// Tokens per optimizer step; micro-batches are accumulated to reach it (default 2048).
+    #[arg(long, help_heading = "Training")]
+    pub tokens_per_step: Option<usize>,
+    /// Peak learning rate (default 3e-3).
+    #[arg(long, help_heading = "Training")]
+    pub lr: Option<f64>,
+    /// Final learning rate as a fraction of the peak (default 0).
+    #[arg(long, help_heading = "Training")]
+    pub min_lr_ratio: Option<f64>,
+    /// Linear warm-up steps (default: 10% of --steps).
+    #[arg(long, help_heading = "Training")]
+    pub warmup_steps: Option<u64>,
+    /// Share of the steps in the final decay (default 0.2: WSD80).
+    #[arg(long, help_heading = "Training")]
+    pub decay_fraction: Option<f64>,
+    /// AdamW weight decay on matrices (default 0.1).
+    #[arg(long, help_heading = "Training")]
+    pub weight_decay: Option<f64>,
+    /// Global gradient-norm clip, 0 = off (default 1.0).
+    #[arg(long, help_heading = "Training")]
+    pub grad_clip: Option<f64>,
+    /// Seed of the weights and the data order (default 42).
+    #[arg(long, help_heading = "Training")]
+    pub seed: Option<u64>,
+    /// Evaluate every N steps and at the end (default 50).
+    #[arg(long, help_heading = "Training")]
+    pub eval_every: Option<u64>,
+    /// Validation tokens per evaluation, 0 = all (default 16384).
+    #[arg(long, help_heading = "Training")]
+    pub eval_tokens: Option<usize>,
+    /// Checkpoint every N steps and at the end (default 50).
+    #[arg(long, help_heading = "Training")]
+    pub checkpoint_every: Option<u64>,
+    /// Checkpoints kept (default 2).
+    #[arg(long, help_heading = "Training")]
+    pub keep_checkpoints: Option<usize>,
+    /// Log line every N steps (default 10).
+    #[arg(long, help_heading = "Training")]
+    pub log_every: Option<u64>,
+    /// Tokens to sample at the end, 0 = none (default 120).
+    #[arg(long, help_heading = "Training")]
+    pub sample_tokens: Option<usize>,
+}
+
+macro_rules! set {
+    ($cfg:expr, $given:ident, $($flag:literal: $src:expr => $dst:expr),* $(,)?) => {
+        $(if let Some(v) = $src.clone() {
+            $given.push($flag);
+            $dst = v.into();
+        })*
+    };
+}
+
+impl TrainArgs {
+    /// Applies the flags to `cfg`; returns the names of the flags that change the run itself
+    /// (refused on `--resume`).
+    fn apply(&self, cfg: &mut RunConfig) -> Vec<&'static str> {
+        let mut fixed = Vec::new();
+        set!(cfg, fixed,
+            "--preset": self.preset => cfg.model.preset,
+            "--pattern": self.pattern.clone().map(Some) => cfg.model.pattern,
+            "--d-model": self.d_model.map(Some) => cfg.model.d_model,
+            "--n-layers": self.n_layers.map(Some) => cfg.model.n_layers,
+            "--n-heads": self.n_heads.map(Some) => cfg.model.n_heads,
+            "--d-ff": self.d_ff.map(Some) => cfg.model.d_ff,
+            "--val-fraction": self.val_fraction => cfg.data.val_fraction,
+            "--vocab-size": self.vocab_size => cfg.data.vocab_size,
+            "--tokenizer": self.tokenizer.clone().map(Some) => cfg.data.tokenizer,
+            "--seq-len": self.seq_len => cfg.train.seq_len,
+            "--batch-size": self.batch_size => cfg.train.batch_size,
+            "--tokens-per-step": self.tokens_per_step => cfg.train.tokens_per_step,
+            "--lr": self.lr => cfg.train.lr,
+            "--min-lr-ratio": self.min_lr_ratio => cfg.train.min_lr_ratio,
+            "--warmup-steps": self.warmup_steps.map(Some) => cfg.train.warmup_steps,
+            "--decay-fraction": self.decay_fraction => cfg.train.decay_fraction,
+            "--weight-decay": self.weight_decay => cfg.train.weight_decay,
+            "--grad-clip": self.grad_clip => cfg.train.grad_clip,
+            "--seed": self.seed => cfg.train.seed,
+        );
+        if !self.data.is_empty() {
+            fixed.push("--data");
+            cfg.data.sources = self.data.clone();
+        }
+        let mut free = Vec::new();
+        set!(cfg, free,
+            "--device": self.device => cfg.device,
+            "--cache-dir": self.cache_dir.clone().map(Some) => cfg.data.cache_dir,
+            "--steps": self.steps => cfg.train.steps,
+            "--eval-every": self.eval_every => cfg.train.eval_every,
+            "--eval-tokens": self.eval_tokens => cfg.train.eval_tokens,
+            "--checkpoint-every": self.checkpoint_every => cfg.train.checkpoint_every,
+            "--keep-checkpoints": self.keep_checkpoints => cfg.train.keep_checkpoints,
+            "--log-every": self.log_every => cfg.train.log_every,
+            "--sample-tokens": self.sample_tokens => cfg.train.sample_tokens,
+        );
+        fixed
+    }
+}
+
+/// `relation eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The run directory.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: PathBuf,
+    /// A checkpoint directory (default: the run's latest).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// Text to evaluate on (files, folders, JSON Lines; all of it). Default: the run's
+    /// validation split.
+    #[arg(long = "data", value_name = "PATH")]
+    pub data: Vec<PathBuf>,
+    /// Tokens to evaluate, 0 = all (default 0).
+    #[arg(long, default_value_t = 0)]
+    pub eval_tokens: usize,
+    /// Device (default: the run's).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+/// `relation generate`.
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct GenerateArgs {
+    /// The run directory.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: PathBuf,
+    /// A checkpoint directory (default: the run's latest).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// The text to continue.
+    #[arg(long, default_value = "Call me")]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 200)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens with this much probability (1 = all).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Number of samples.
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// Device (default: the run's).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs a parsed command line.
+///
+/// # Errors
+/// Whatever the subcommand reports.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(args) => run_train(&args),
+        Command::Eval(args) => run_eval(&args),
+        Command::Generate(args) => run_generate(&args),
+    }
+}
+
+fn run_train(args: &TrainArgs) -> Result<()> {
+    let mut config = if args.resume {
+        let dir = args.run_dir.as_ref().expect("clap requires --run-dir");
+        RunConfig::load(&dir.join("config.json")).map_err(|_| TrainError::RunDir {
+            path: dir.clone(),
+            reason: "has no readable config.json, so there is no run to resume".into(),
+        })?
+    } else if let Some(path) = &args.config {
+        RunConfig::load(path)?
+    } else {
+        RunConfig::default()
+    };
+    if let (true, Some(path)) = (args.resume, &args.config) {
+        return Err(TrainError::Invalid {
+            name: "--config",
+            value: path.display().to_string(),
+            rule: "cannot be combined with --resume (the run's own config.json is used)".into(),
+        });
+    }
+    let fixed = args.apply(&mut config);
+    if args.resume && !fixed.is_empty() {
+        return Err(TrainError::Invalid {
+            name: "--resume",
+            value: fixed.join(" "),
+            rule: "these flags change the run itself and cannot be combined with --resume; start a new run instead".into(),
+        });
+    }
+    let run_dir = args.run_dir.clone().unwrap_or_else(|| {
+        PathBuf::from("runs").join(format!("{}-{}", config.model.preset, unix_seconds()))
+    });
+    let corpus_name = if config.data.sources.is_empty() {
+        DEFAULT_CORPUS_NAME.to_string()
+    } else {
+        config
+            .data
+            .sources
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("run: {} | data: {corpus_name}", run_dir.display());
+    let summary = train(
+        config.clone(),
+        &TrainOptions {
+            run_dir,
+            resume: args.resume,
+            stop_at: args.stop_at,
+            no_progress: args.no_progress,
+        },
+    )?;
+    println!();
+    println!(
+        "{} at step {}/{}: {} tokens seen, {:.0} tokens/s on {} this session, {:.2}M parameters",
+        if summary.finished {
+            "finished"
+        } else {
+            "stopped"
+        },
+        summary.step,
+        config.train.steps,
+        summary.tokens_seen,
+        summary.tokens_per_s,
+        config.device,
+        summary.params as f64 / 1e6
+    );
+    if let Some(v) = summary.validation {
+        let reference = if config.data.sources.is_empty() {
+            format!(" (xz -9e: {XZ_BITS_PER_BYTE_MOBY} bits/byte)")
+        } else {
+            String::new()
+        };
+        println!(
+            "validation: loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte{reference}",
+            v.loss, v.perplexity, v.bits_per_byte
+        );
+    }
+    if let Some((prompt, continuation)) = summary.sample {
+        println!("sample (temperature 0.8, top-k 40, top-p 0.95):");
+        println!("  {prompt}⟨{continuation}⟩");
+    }
+    println!(
+        "checkpoint: {} | metrics: {}/metrics.csv | curve: {}/loss.png",
+        summary.checkpoint.display(),
+        summary.run_dir.display(),
+        summary.run_dir.display()
+    );
+    if !summary.finished {
+        println!(
+            "continue with: relation train --resume --run-dir {}",
+            summary.run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn device_for(run_dir: &std::path::Path, flag: &Option<String>) -> Result<burn::tensor::Device> {
+    let name = match flag {
+        Some(name) => name.clone(),
+        None => RunConfig::load(&run_dir.join("config.json"))
+            .map(|c| c.device)
+            .unwrap_or_else(|_| "flex".into()),
+    };
+    parse_device(&name)
+}
+
+fn run_eval(args: &EvalArgs) -> Result<()> {
+    let device = device_for(&args.run_dir, &args.device)?;
+    let run = load_run(&args.run_dir, args.checkpoint.as_deref(), &device)?;
+    let t = &run.config.train;
+    let (stream, bytes, what) = if args.data.is_empty() {
+        let corpus = data::prepare(&run.config.data, &mut |line| println!("{line}"))?;
+        let bytes_per_token = corpus.meta.val_bytes as f64 / corpus.meta.val_tokens as f64;
+        (
+            corpus.val,
+            bytes_per_token,
+            "the run's validation split".to_string(),
+        )
+    } else {
+        let docs = data::read_documents(&args.data)?;
+        let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+        let stream = data::encode_units(&run.tokenizer, &texts)?;
+        let bytes: usize = texts.iter().map(|t| t.len()).sum();
+        (
+            stream.clone(),
+            bytes as f64 / stream.len() as f64,
+            format!("{} documents", docs.len()),
+        )
+    };
+    let result = evaluate(
+        &run.model,
+        &stream,
+        t.seq_len,
+        t.batch_size,
+        args.eval_tokens,
+        bytes,
+    )?;
+    println!(
+        "{} (step {}) on {what}: {} tokens | loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte",
+        run.checkpoint.display(),
+        run.step,
+        result.tokens,
+        result.loss,
+        result.perplexity,
+        result.bits_per_byte
+    );
+    Ok(())
+}
+
+fn run_generate(args: &GenerateArgs) -> Result<()> {
+    let device = device_for(&args.run_dir, &args.device)?;
+    let run = load_run(&args.run_dir, args.checkpoint.as_deref(), &device)?;
+    let prompt = data::encode(&run.tokenizer, &args.prompt)?;
+    if prompt.is_empty() {
+        return Err(TrainError::Invalid {
+            name: "--prompt",
+            value: format!("{:?}", args.prompt),
+            rule: "must encode to at least one token".into(),
+        });
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        return Err(TrainError::Invalid {
+            name: "--top-p",
+            value: args.top_p.to_string(),
+            rule: "must be in (0, 1] (1 = no nucleus cut)".into(),
+        });
+    }
+    if args.samples == 0 {
+        return Err(TrainError::Invalid {
+            name: "--samples",
+            value: "0".into(),
+            rule: "must be >= 1".into(),
+        });
+    }
+    for i in 0..args.samples {
+        let sampling = Sampling {
+            max_new_tokens: args.max_new_tokens,
+            temperature: args.temperature,
+            top_k: (args.top_k > 0).then_some(args.top_k),
+            top_p: (args.top_p < 1.0).then_some(args.top_p),
+            seed: args.seed.wrapping_add(i as u64),
+        };
+        let out = run
+            .model
+            .generate(std::slice::from_ref(&prompt), &sampling)?;
+        println!("{}{}", args.prompt, data::decode(&run.tokenizer, &out[0])?);
+        if i + 1 < args.samples {
+            println!("---");
+        }
+    }
+    Ok(())
+}

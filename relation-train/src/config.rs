@@ -1,0 +1,352 @@
+//! The run configuration: one JSON document (`config.json` in every run directory), readable
+//! from `--config FILE` and overridden by command-line flags. Every field has a default, so a
+//! file needs only the keys it changes.
+
+use std::path::{Path, PathBuf};
+
+use relation_model::RelationLmConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::{Result, TrainError, error::io};
+
+/// Everything a training run needs, saved as `config.json` in the run directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    /// The model.
+    pub model: ModelSpec,
+    /// Corpus, split and tokenizer.
+    pub data: DataSpec,
+    /// Optimisation, schedule, evaluation and checkpoint cadence.
+    pub train: TrainSpec,
+    /// Device name (`flex`, `wgpu`, `cuda:0`, …).
+    pub device: String,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            model: ModelSpec::default(),
+            data: DataSpec::default(),
+            train: TrainSpec::default(),
+            device: "flex".into(),
+        }
+    }
+}
+
+/// A model preset with optional overrides; the vocabulary size comes from the tokenizer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSpec {
+    /// A `relation_model` preset (`tiny`, `small`, `10m`, `30m`, `100m`, `hybrid-32m`, with
+    /// `-mha` for the attention baseline) or `cpu` (the default: a model that trains in
+    /// minutes on two CPU cores).
+    pub preset: String,
+    /// Layer pattern override (`F` Full Relation, `L` Linear Relation, `A` attention, …;
+    /// `LLLF` is the paper's Hybrid).
+    pub pattern: Option<String>,
+    /// Width override.
+    pub d_model: Option<usize>,
+    /// Depth override.
+    pub n_layers: Option<usize>,
+    /// Head-count override.
+    pub n_heads: Option<usize>,
+    /// FFN width override.
+    pub d_ff: Option<usize>,
+}
+
+impl Default for ModelSpec {
+    fn default() -> Self {
+        Self {
+            preset: "cpu".into(),
+            pattern: None,
+            d_model: None,
+            n_layers: None,
+            n_heads: None,
+            d_ff: None,
+        }
+    }
+}
+
+impl ModelSpec {
+    /// The model configuration for a tokenizer of `vocab_size` tokens.
+    ///
+    /// # Errors
+    /// An unknown preset, or a configuration the model refuses (e.g. odd heads).
+    pub fn resolve(&self, vocab_size: usize) -> Result<RelationLmConfig> {
+        let base = if self.preset == "cpu" || self.preset == "cpu-mha" {
+            // Small enough for a few minutes on two CPU cores with Flex: 4 layers, d = 128,
+            // 4 heads of 32 (Givens pairs heads, RoPE pairs channels).
+            let config = RelationLmConfig::new(vocab_size, 128, 4, 4, 384);
+            if self.preset == "cpu-mha" {
+                config.with_pattern("A".into())
+            } else {
+                config
+            }
+        } else {
+            RelationLmConfig::preset(&self.preset).ok_or_else(|| TrainError::Invalid {
+                name: "model.preset",
+                value: self.preset.clone(),
+                rule: format!(
+                    "unknown preset; choose cpu, {} (append -mha for the attention baseline)",
+                    RelationLmConfig::PRESETS.join(", ")
+                ),
+            })?
+        };
+        let mut config = base;
+        config.vocab_size = vocab_size;
+        if let Some(p) = &self.pattern {
+            config.pattern = p.clone();
+        }
+        if let Some(v) = self.d_model {
+            config.d_model = v;
+        }
+        if let Some(v) = self.n_layers {
+            config.n_layers = v;
+        }
+        if let Some(v) = self.n_heads {
+            config.n_heads = v;
+        }
+        if let Some(v) = self.d_ff {
+            config.d_ff = v;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Where the text comes from and how it becomes tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DataSpec {
+    /// Text files, folders (searched recursively for `.txt`, `.md`, `.jsonl`) and JSON Lines
+    /// files with a `text` field. Empty: the shipped corpus (Moby Dick, compiled in).
+    pub sources: Vec<PathBuf>,
+    /// Share of the text held out for validation (by a hash of each document or paragraph
+    /// group, so the split does not depend on file order).
+    pub val_fraction: f64,
+    /// Vocabulary size of the byte-level BPE tokenizer trained on the training split.
+    pub vocab_size: usize,
+    /// An existing `tokenizer.json` to use instead of training one.
+    pub tokenizer: Option<PathBuf>,
+    /// Where tokenized corpora and trained tokenizers are cached (default:
+    /// `$XDG_CACHE_HOME/relation`, else `~/.cache/relation`).
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl Default for DataSpec {
+    fn default() -> Self {
+        Self {
+            sources: Vec::new(),
+            val_fraction: 0.05,
+            vocab_size: 4096,
+            tokenizer: None,
+            cache_dir: None,
+        }
+    }
+}
+
+/// Optimisation and cadence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainSpec {
+    /// Optimizer steps of the whole run (the schedule is laid out over them).
+    pub steps: u64,
+    /// Tokens per training sequence (context length).
+    pub seq_len: usize,
+    /// Sequences per forward/backward pass (micro-batch).
+    pub batch_size: usize,
+    /// Target tokens per optimizer step: gradients of `tokens_per_step / (batch_size *
+    /// seq_len)` micro-batches (rounded up) are accumulated before each step.
+    pub tokens_per_step: usize,
+    /// Peak learning rate.
+    pub lr: f64,
+    /// Learning rate at the end of the decay, as a fraction of `lr`.
+    pub min_lr_ratio: f64,
+    /// Linear warm-up steps (default: 10% of `steps`).
+    pub warmup_steps: Option<u64>,
+    /// Share of the steps spent in the final linear decay (0.2 = the paper's WSD80).
+    pub decay_fraction: f64,
+    /// AdamW decoupled weight decay (matrices and embeddings; not norms, lambda or angles).
+    pub weight_decay: f64,
+    /// AdamW beta1.
+    pub beta1: f64,
+    /// AdamW beta2.
+    pub beta2: f64,
+    /// AdamW epsilon.
+    pub epsilon: f64,
+    /// Clip the global gradient norm to this value (0 = no clipping).
+    pub grad_clip: f64,
+    /// Seed of the initial weights and the data order.
+    pub seed: u64,
+    /// Evaluate on the validation split every N steps (and at the end).
+    pub eval_every: u64,
+    /// Validation tokens per evaluation (0 = the whole validation split).
+    pub eval_tokens: usize,
+    /// Write a checkpoint every N steps (and at the end).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept on disk (the newest ones).
+    pub keep_checkpoints: usize,
+    /// Print a progress line every N steps.
+    pub log_every: u64,
+    /// Tokens sampled after training (0 = none).
+    pub sample_tokens: usize,
+}
+
+impl Default for TrainSpec {
+    fn default() -> Self {
+        Self {
+            steps: 250,
+            seq_len: 128,
+            batch_size: 16,
+            tokens_per_step: 2048,
+            lr: 3e-3,
+            min_lr_ratio: 0.0,
+            warmup_steps: None,
+            decay_fraction: 0.2,
+            weight_decay: 0.1,
+            beta1: 0.9,
+            beta2: 0.95,
+            epsilon: 1e-8,
+            grad_clip: 1.0,
+            seed: 42,
+            eval_every: 50,
+            eval_tokens: 16_384,
+            checkpoint_every: 50,
+            keep_checkpoints: 2,
+            log_every: 10,
+            sample_tokens: 120,
+        }
+    }
+}
+
+impl TrainSpec {
+    /// Warm-up steps: the configured number, else 10% of the steps.
+    pub fn warmup(&self) -> u64 {
+        self.warmup_steps.unwrap_or(self.steps / 10)
+    }
+
+    /// Micro-batches accumulated per optimizer step.
+    pub fn accumulation(&self) -> usize {
+        let per_pass = self.batch_size * self.seq_len;
+        self.tokens_per_step.div_ceil(per_pass).max(1)
+    }
+
+    /// Tokens per optimizer step actually used (a whole number of micro-batches).
+    pub fn effective_tokens_per_step(&self) -> usize {
+        self.accumulation() * self.batch_size * self.seq_len
+    }
+}
+
+fn invalid(name: &'static str, value: impl ToString, rule: &str) -> TrainError {
+    TrainError::Invalid {
+        name,
+        value: value.to_string(),
+        rule: rule.into(),
+    }
+}
+
+impl RunConfig {
+    /// Reads a (possibly partial) configuration file.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming the file and the parser's message (unknown keys included).
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(io(path))?;
+        serde_json::from_str(&text).map_err(|e| TrainError::Config {
+            path: path.into(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Checks every range rule that does not need the data.
+    ///
+    /// # Errors
+    /// [`TrainError::Invalid`] for the first setting out of range.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.train;
+        let d = &self.data;
+        if t.steps == 0 {
+            return Err(invalid("train.steps", t.steps, "must be >= 1"));
+        }
+        if t.seq_len == 0 {
+            return Err(invalid("train.seq_len", t.seq_len, "must be >= 1"));
+        }
+        if t.batch_size == 0 {
+            return Err(invalid("train.batch_size", t.batch_size, "must be >= 1"));
+        }
+        if !(t.lr.is_finite() && t.lr > 0.0) {
+            return Err(invalid("train.lr", t.lr, "must be a positive number"));
+        }
+        if !(0.0..=1.0).contains(&t.min_lr_ratio) {
+            return Err(invalid(
+                "train.min_lr_ratio",
+                t.min_lr_ratio,
+                "must be in [0, 1]",
+            ));
+        }
+        if !(0.0..=1.0).contains(&t.decay_fraction) {
+            return Err(invalid(
+                "train.decay_fraction",
+                t.decay_fraction,
+                "must be in [0, 1]",
+            ));
+        }
+        if t.warmup() > t.steps {
+            return Err(invalid(
+                "train.warmup_steps",
+                t.warmup(),
+                &format!("must be <= train.steps = {}", t.steps),
+            ));
+        }
+        for (name, value) in [("train.beta1", t.beta1), ("train.beta2", t.beta2)] {
+            if !(0.0..1.0).contains(&value) {
+                return Err(invalid(name, value, "must be in [0, 1)"));
+            }
+        }
+        if !(t.weight_decay >= 0.0 && t.weight_decay.is_finite()) {
+            return Err(invalid(
+                "train.weight_decay",
+                t.weight_decay,
+                "must be >= 0",
+            ));
+        }
+        if !(t.epsilon > 0.0 && t.epsilon.is_finite()) {
+            return Err(invalid("train.epsilon", t.epsilon, "must be > 0"));
+        }
+        if !(t.grad_clip >= 0.0 && t.grad_clip.is_finite()) {
+            return Err(invalid(
+                "train.grad_clip",
+                t.grad_clip,
+                "must be >= 0 (0 = off)",
+            ));
+        }
+        for (name, value) in [
+            ("train.eval_every", t.eval_every),
+            ("train.checkpoint_every", t.checkpoint_every),
+            ("train.log_every", t.log_every),
+        ] {
+            if value == 0 {
+                return Err(invalid(name, value, "must be >= 1"));
+            }
+        }
+        if t.keep_checkpoints == 0 {
+            return Err(invalid("train.keep_checkpoints", 0, "must be >= 1"));
+        }
+        if !(d.val_fraction > 0.0 && d.val_fraction < 0.5) {
+            return Err(invalid(
+                "data.val_fraction",
+                d.val_fraction,
+                "must be in (0, 0.5)",
+            ));
+        }
+        if d.tokenizer.is_none() && !(256..=1 << 20).contains(&d.vocab_size) {
+            return Err(invalid(
+                "data.vocab_size",
+                d.vocab_size,
+                "must be in [256, 1048576] (byte-level BPE starts from 256 byte tokens)",
+            ));
+        }
+        Ok(())
+    }
+}

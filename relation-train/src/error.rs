@@ -1,0 +1,93 @@
+//! Typed errors of the command-line tools: each names the value at fault and the rule it broke.
+
+use std::path::PathBuf;
+
+use relation_model::ModelError;
+use thiserror::Error;
+
+/// Why a command refused to start or stopped.
+#[derive(Debug, Error)]
+pub enum TrainError {
+    /// A setting out of range.
+    #[error("invalid `{name}` = {value}: {rule}")]
+    Invalid {
+        /// The setting (config key or flag).
+        name: &'static str,
+        /// Its value, as given.
+        value: String,
+        /// The rule it breaks.
+        rule: String,
+    },
+    /// A device that is not compiled into this build or does not exist.
+    #[error("device `{name}`: {reason}")]
+    Device {
+        /// The name given to `--device`.
+        name: String,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// A configuration file that cannot be read or parsed.
+    #[error("config {path}: {reason}")]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// Parser message.
+        reason: String,
+    },
+    /// Unusable training or evaluation data.
+    #[error("data: {0}")]
+    Data(String),
+    /// The tokenizer could not be trained, loaded or applied.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// A run directory that cannot be used as asked.
+    #[error("run directory {path}: {reason}")]
+    RunDir {
+        /// The run directory.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A checkpoint that is missing, corrupt, or made for another model or tokenizer.
+    #[error("checkpoint {path}: {reason}")]
+    Checkpoint {
+        /// The checkpoint directory or file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The loss or gradient norm became NaN or infinite.
+    #[error(
+        "training stopped at step {step}: {what} is {value} (not finite); nothing was saved from this step; the last good checkpoint is {last_good}"
+    )]
+    NonFinite {
+        /// The optimizer step that produced it.
+        step: u64,
+        /// `loss` or `gradient norm`.
+        what: &'static str,
+        /// The value.
+        value: f64,
+        /// Path of the last good checkpoint, or `none (no checkpoint written yet)`.
+        last_good: String,
+    },
+    /// A file-system operation failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The model refused its configuration or inputs.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+}
+
+/// Result alias of this crate.
+pub type Result<T> = core::result::Result<T, TrainError>;
+
+/// Attaches a path to an I/O error.
+pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {
+    let path = path.into();
+    move |source| TrainError::Io { path, source }
+}

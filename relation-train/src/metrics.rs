@@ -1,0 +1,241 @@
+//! Per-step metrics: kept in memory, written to `metrics.jsonl` and `metrics.csv` in the run
+//! directory, and drawn as `loss.png` (train and validation loss against step).
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::Result;
+use crate::data::write_atomic;
+use crate::error::io;
+
+/// One optimizer step.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    /// Optimizer step (1-based).
+    pub step: u64,
+    /// Training tokens consumed so far.
+    pub tokens: u64,
+    /// Learning rate of this step.
+    pub lr: f64,
+    /// Mean training loss of the step's tokens (nats per token).
+    pub loss: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Training tokens per second of this step (forward, backward, update).
+    pub tokens_per_s: f64,
+    /// Training time so far, seconds.
+    pub elapsed_s: f64,
+    /// Validation loss (nats per token), on evaluation steps.
+    pub val_loss: Option<f64>,
+    /// Validation perplexity `exp(val_loss)`.
+    pub val_ppl: Option<f64>,
+    /// Validation bits per UTF-8 byte of text.
+    pub val_bpb: Option<f64>,
+}
+
+const CSV_HEADER: &str =
+    "step,tokens,lr,loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_bpb";
+
+fn csv_line(r: &Row) -> String {
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
+    format!(
+        "{},{},{},{},{},{:.1},{:.3},{},{},{}",
+        r.step,
+        r.tokens,
+        r.lr,
+        r.loss,
+        r.grad_norm,
+        r.tokens_per_s,
+        r.elapsed_s,
+        opt(r.val_loss),
+        opt(r.val_ppl),
+        opt(r.val_bpb)
+    )
+}
+
+/// The metrics log of a run.
+pub struct Metrics {
+    dir: PathBuf,
+    /// Rows so far.
+    pub rows: Vec<Row>,
+}
+
+impl Metrics {
+    /// A new log, or the existing one of a resumed run cut back to `resume_step` (steps after
+    /// the checkpoint are redone, so their rows are dropped and both files are rewritten).
+    ///
+    /// # Errors
+    /// Unreadable or unwritable files.
+    pub fn open(dir: &Path, resume_step: Option<u64>) -> Result<Self> {
+        let jsonl = dir.join("metrics.jsonl");
+        let mut rows = Vec::new();
+        if let Some(step) = resume_step
+            && jsonl.exists()
+        {
+            let text = fs::read_to_string(&jsonl).map_err(io(&jsonl))?;
+            rows = text
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Row>(l).ok())
+                .filter(|r| r.step <= step)
+                .collect();
+        }
+        let metrics = Self {
+            dir: dir.into(),
+            rows,
+        };
+        metrics.rewrite()?;
+        Ok(metrics)
+    }
+
+    fn rewrite(&self) -> Result<()> {
+        let mut jsonl = String::new();
+        let mut csv = format!("{CSV_HEADER}\n");
+        for r in &self.rows {
+            jsonl.push_str(&serde_json::to_string(r).expect("row serializes"));
+            jsonl.push('\n');
+            csv.push_str(&csv_line(r));
+            csv.push('\n');
+        }
+        write_atomic(&self.dir.join("metrics.jsonl"), jsonl.as_bytes())?;
+        write_atomic(&self.dir.join("metrics.csv"), csv.as_bytes())
+    }
+
+    /// Appends a row to memory and both files.
+    ///
+    /// # Errors
+    /// Unwritable files.
+    pub fn push(&mut self, row: Row) -> Result<()> {
+        for (name, line) in [
+            (
+                "metrics.jsonl",
+                serde_json::to_string(&row).expect("row serializes"),
+            ),
+            ("metrics.csv", csv_line(&row)),
+        ] {
+            let path = self.dir.join(name);
+            let mut f = OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .map_err(io(&path))?;
+            writeln!(f, "{line}").map_err(io(&path))?;
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// Draws `loss.png`: training loss per step and validation loss at evaluation steps.
+    /// Returns why it could not, if it could not (the run goes on either way).
+    pub fn plot(&self, title: &str) -> std::result::Result<PathBuf, String> {
+        let path = self.dir.join("loss.png");
+        plot_losses(&self.rows, &path, title).map(|()| path)
+    }
+}
+
+/// A TrueType font for the chart's text: `RELATION_FONT`, else common system locations.
+fn find_font() -> Option<&'static [u8]> {
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("RELATION_FONT") {
+        candidates.push(p.into());
+    }
+    for p in [
+        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/TTF/DejaVuSans.ttf",
+        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+        "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
+        "/System/Library/Fonts/Supplemental/Arial.ttf",
+        "/Library/Fonts/Arial.ttf",
+        "C:\\Windows\\Fonts\\arial.ttf",
+    ] {
+        candidates.push(p.into());
+    }
+    candidates
+        .into_iter()
+        .find_map(|p| fs::read(p).ok())
+        .map(|bytes| &*Box::leak(bytes.into_boxed_slice()))
+}
+
+fn plot_losses(rows: &[Row], path: &Path, title: &str) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+    use std::sync::OnceLock;
+
+    if rows.is_empty() {
+        return Err("no steps logged".into());
+    }
+    static FONT: OnceLock<bool> = OnceLock::new();
+    let has_font = *FONT.get_or_init(|| match find_font() {
+        Some(bytes) => {
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+        }
+        None => false,
+    });
+    let train: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.loss.is_finite())
+        .map(|r| (r.step as f64, r.loss))
+        .collect();
+    let val: Vec<(f64, f64)> = rows
+        .iter()
+        .filter_map(|r| r.val_loss.map(|v| (r.step as f64, v)))
+        .collect();
+    let max_step = rows.last().map_or(1, |r| r.step).max(2) as f64;
+    let all = train.iter().chain(&val).map(|p| p.1);
+    let (lo, hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| {
+        (a.min(y), b.max(y))
+    });
+    let pad = ((hi - lo) * 0.05).max(1e-3);
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+
+    let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(20);
+    if has_font {
+        builder
+            .caption(title, ("sans-serif", 22))
+            .x_label_area_size(40)
+            .y_label_area_size(60);
+    }
+    let mut chart = builder
+        .build_cartesian_2d(1.0..max_step, (lo - pad)..(hi + pad))
+        .map_err(|e| err(&e))?;
+    let mut mesh = chart.configure_mesh();
+    if has_font {
+        mesh.x_desc("optimizer step").y_desc("loss (nats / token)");
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw().map_err(|e| err(&e))?;
+    let series = chart
+        .draw_series(LineSeries::new(train, &BLUE))
+        .map_err(|e| err(&e))?;
+    if has_font {
+        series
+            .label("train")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
+    }
+    let series = chart
+        .draw_series(LineSeries::new(val.clone(), RED.stroke_width(2)))
+        .map_err(|e| err(&e))?;
+    if has_font {
+        series
+            .label("validation")
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
+    }
+    chart
+        .draw_series(val.into_iter().map(|p| Circle::new(p, 4, RED.filled())))
+        .map_err(|e| err(&e))?;
+    if has_font {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| err(&e))?;
+    }
+    root.present().map_err(|e| err(&e))?;
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The optimizer side of a step: AdamW with parameter groups, the warmup-stable-decay schedule,
+//! the global gradient norm and its clipping, the per-token loss.
+
+use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
+use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::{Int, Tensor};
+
+use crate::config::TrainSpec;
+
+/// Learning rate of optimizer step `step` (1-based) under warmup-stable-decay:
+///
+/// ```text
+/// step <= W:           lr * step / W                      (linear warm-up)
+/// W < step <= S:       lr                                 (stable)
+/// step > S:            lr * (1 - (1 - r) * (step - S) / (N + 1 - S))   (linear decay)
+/// ```
+///
+/// with `N` steps, `S = N - round(decay_fraction * N)` and `r = min_lr_ratio`; the decay
+/// reaches `r * lr` just after the last step, so no step is taken at zero.
+pub fn wsd_lr(step: u64, spec: &TrainSpec) -> f64 {
+    let n = spec.steps;
+    let w = spec.warmup();
+    let s = n - ((spec.decay_fraction * n as f64).round() as u64).min(n);
+    if w > 0 && step <= w {
+        return spec.lr * step as f64 / w as f64;
+    }
+    if step <= s {
+        return spec.lr;
+    }
+    let progress = (step - s) as f64 / (n + 1 - s) as f64;
+    spec.lr * (1.0 - (1.0 - spec.min_lr_ratio) * progress)
+}
+
+/// Ids of the parameters exempt from weight decay: every 1-D parameter (RMSNorm weights, the
+/// count calibration lambda, the Givens angles, gate biases). Matrices and the embedding decay.
+struct VectorParams(Vec<ParamId>);
+
+impl ModuleVisitor for VectorParams {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if D == 1 {
+            self.0.push(param.id);
+        }
+    }
+}
+
+/// AdamW (`beta1`, `beta2`, `epsilon`) with decoupled weight decay on matrices only.
+pub fn adamw<M: Module>(model: &M, spec: &TrainSpec) -> ModuleOptimizer {
+    let base = AdamWConfig::new()
+        .with_beta_1(spec.beta1 as f32)
+        .with_beta_2(spec.beta2 as f32)
+        .with_epsilon(spec.epsilon as f32);
+    let mut vectors = VectorParams(Vec::new());
+    model.visit(&mut vectors);
+    base.clone()
+        .with_weight_decay(spec.weight_decay as f32)
+        .init()
+        .with_group(
+            ParamGroup::from_ids(vectors.0),
+            base.with_weight_decay(0.0).build(),
+            None,
+        )
+}
+
+/// Sums `|g|^2` of every parameter's gradient.
+struct SquaredNorm<'a> {
+    grads: &'a GradientsParams,
+    parts: Vec<Tensor<1>>,
+}
+
+impl ModuleVisitor for SquaredNorm<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.get::<D>(param.id) {
+            self.parts.push(g.powi_scalar(2).sum());
+        }
+    }
+}
+
+/// Multiplies every gradient by a factor.
+struct ScaleGrads<'a> {
+    grads: &'a mut GradientsParams,
+    factor: f64,
+}
+
+impl ModuleVisitor for ScaleGrads<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if let Some(g) = self.grads.remove::<D>(param.id) {
+            self.grads.register(param.id, g.mul_scalar(self.factor));
+        }
+    }
+}
+
+/// The global L2 norm of all gradients, `sqrt(sum_p |g_p|^2)` (one read-back).
+pub fn global_grad_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
+    let mut visitor = SquaredNorm {
+        grads,
+        parts: Vec::new(),
+    };
+    model.visit(&mut visitor);
+    if visitor.parts.is_empty() {
+        return 0.0;
+    }
+    let total = Tensor::cat(visitor.parts, 0).sum(); // [1]
+    (total.into_scalar::<f64>()).sqrt()
+}
+
+/// Scales all gradients so their global norm is at most `max_norm` (the standard LLM recipe;
+/// Burn's own clipping is per parameter). Returns the factor applied.
+pub fn clip_global_norm<M: Module>(
+    model: &M,
+    grads: &mut GradientsParams,
+    norm: f64,
+    max_norm: f64,
+) -> f64 {
+    if max_norm <= 0.0 || norm <= max_norm {
+        return 1.0;
+    }
+    let factor = max_norm / (norm + 1e-6);
+    model.visit(&mut ScaleGrads { grads, factor });
+    factor
+}
+
+/// Negative log-likelihood of every target under the logits, in nats.
+///
+/// # Shapes
+/// - `logits`: `[B, T, V]`, `targets`: `[B, T]`, output: `[B, T]`
+pub fn token_nll(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<2> {
+    let logp = log_softmax(logits, 2); // [B, T, V]
+    logp.gather(2, targets.unsqueeze_dim::<3>(2)) // [B, T, 1]
+        .squeeze_dim::<2>(2) // [B, T]
+        .neg()
+}

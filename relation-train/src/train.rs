@@ -1,0 +1,388 @@
+//! The training loop: data, model, AdamW with accumulation and global-norm clipping under a
+//! warmup-stable-decay schedule, periodic evaluation and atomic checkpoints, resumable to the
+//! bit, with live progress and a metrics log.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::tensor::{Int, Tensor, TensorData};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use relation_model::{RelationLm, Sampling};
+
+use crate::checkpoint::{self, CheckpointState, fingerprint};
+use crate::config::RunConfig;
+use crate::data::{self, Batcher, DataPosition, write_atomic};
+use crate::device::parse_device;
+use crate::error::io;
+use crate::evaluate::{EvalResult, evaluate};
+use crate::metrics::{Metrics, Row};
+use crate::optim::{adamw, clip_global_norm, global_grad_norm, token_nll, wsd_lr};
+use crate::{Result, TrainError};
+
+/// Test hook: when set to a step number, that step's loss is replaced by NaN (to exercise the
+/// divergence stop without waiting for a real one).
+pub const POISON_STEP_ENV: &str = "RELATION_TEST_POISON_STEP";
+
+/// How to run `train` beyond the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct TrainOptions {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Continue from the run directory's latest checkpoint.
+    pub resume: bool,
+    /// End this invocation after this step (with a checkpoint).
+    pub stop_at: Option<u64>,
+    /// No progress bar (log lines only).
+    pub no_progress: bool,
+}
+
+/// What a finished (or stopped) invocation did.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Step the run is at.
+    pub step: u64,
+    /// Whether the configured number of steps is done.
+    pub finished: bool,
+    /// Training tokens consumed so far (whole run).
+    pub tokens_seen: u64,
+    /// Training tokens per second over this invocation.
+    pub tokens_per_s: f64,
+    /// Last validation result.
+    pub validation: Option<EvalResult>,
+    /// The sample drawn at the end (prompt and continuation).
+    pub sample: Option<(String, String)>,
+    /// The last checkpoint written.
+    pub checkpoint: PathBuf,
+    /// Trainable parameters.
+    pub params: usize,
+}
+
+/// Upper bound of a bits-per-byte figure worth beating on the shipped corpus.
+pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
+
+fn is_run(dir: &Path) -> bool {
+    dir.join("config.json").exists() || dir.join("checkpoints").exists()
+}
+
+/// Trains according to `config` in `opts.run_dir` (a new directory, or an existing run with
+/// `opts.resume`), printing progress to stderr and a log to stdout.
+///
+/// # Errors
+/// Bad settings, data or device; an existing run without `resume`; a checkpoint that fails
+/// verification; a non-finite loss or gradient norm ([`TrainError::NonFinite`]).
+pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
+    let run = &opts.run_dir;
+    config.validate()?;
+    if !opts.resume && is_run(run) {
+        return Err(TrainError::RunDir {
+            path: run.clone(),
+            reason:
+                "already holds a run; pass --resume to continue it, or choose another --run-dir"
+                    .into(),
+        });
+    }
+    if opts.resume && !run.join("config.json").exists() {
+        return Err(TrainError::RunDir {
+            path: run.clone(),
+            reason: "has no config.json, so there is no run to resume".into(),
+        });
+    }
+    if let Some(stop) = opts.stop_at
+        && stop == 0
+    {
+        return Err(TrainError::Invalid {
+            name: "--stop-at",
+            value: "0".into(),
+            rule: "must be >= 1".into(),
+        });
+    }
+    let device = parse_device(&config.device)?;
+    let t = config.train.clone();
+    fs::create_dir_all(run).map_err(io(run))?;
+
+    let mut log = |line: String| println!("{line}");
+    let corpus = data::prepare(&config.data, &mut log)?;
+    let model_config = config.model.resolve(corpus.meta.vocab_size)?;
+    let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
+
+    // The run directory's identity: written once, compared on resume.
+    if opts.resume {
+        for (name, now) in [
+            ("model.json", &model_json),
+            ("tokenizer.json", &corpus.tokenizer_json),
+        ] {
+            let path = run.join(name);
+            let saved = fs::read_to_string(&path).map_err(io(&path))?;
+            if &saved != now {
+                return Err(TrainError::RunDir {
+                    path: run.clone(),
+                    reason: format!(
+                        "{name} differs from what this configuration and data produce now (data or settings changed since the run started); resume refused"
+                    ),
+                });
+            }
+        }
+    } else {
+        let config_json = serde_json::to_string_pretty(&config).expect("config serializes");
+        write_atomic(&run.join("config.json"), config_json.as_bytes())?;
+        write_atomic(&run.join("model.json"), model_json.as_bytes())?;
+        write_atomic(
+            &run.join("tokenizer.json"),
+            corpus.tokenizer_json.as_bytes(),
+        )?;
+    }
+    let tokenizer = corpus
+        .tokenizer_json
+        .parse::<tokenizers::Tokenizer>()
+        .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+
+    // Model and optimizer: the seed fixes the initial weights.
+    let train_device = device.clone().autodiff();
+    train_device.seed(t.seed);
+    let mut model = model_config.init(&train_device)?;
+    let mut optim = adamw(&model, &t);
+    let mut step = 0u64;
+    let mut tokens_seen = 0u64;
+    let mut position = DataPosition { epoch: 0, index: 0 };
+    let mut elapsed_before = 0.0f64;
+    let mut last_checkpoint = String::from("none (no checkpoint written yet)");
+    let mut checkpoint_dir = PathBuf::new();
+    if opts.resume {
+        let dir = checkpoint::latest(run)?.ok_or_else(|| TrainError::RunDir {
+            path: run.clone(),
+            reason: "has no complete checkpoint to resume from".into(),
+        })?;
+        let state = checkpoint::verify(&dir, &model_json, &corpus.tokenizer_json)?;
+        if state.seed != t.seed {
+            return Err(TrainError::Checkpoint {
+                path: dir,
+                reason: format!("seed {} differs from the run's seed {}", state.seed, t.seed),
+            });
+        }
+        model = checkpoint::load_model(&dir, model)?;
+        optim = checkpoint::load_optim(&dir, adamw(&model, &t))?;
+        step = state.step;
+        tokens_seen = state.tokens_seen;
+        position = state.position;
+        elapsed_before = state.elapsed_s;
+        last_checkpoint = dir.display().to_string();
+        checkpoint_dir = dir;
+        println!("resume: {} (step {step})", checkpoint_dir.display());
+    }
+    let params = model.num_params();
+    let accumulation = t.accumulation();
+    let per_step = t.effective_tokens_per_step() as u64;
+    println!(
+        "model: {} layers `{}`, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
+        model_config.n_layers,
+        model_config.pattern,
+        model_config.d_model,
+        model_config.n_heads,
+        params as f64 / 1e6,
+        model_config.vocab_size,
+        config.device,
+        t.batch_size,
+        t.seq_len,
+        accumulation,
+        per_step,
+        t.steps
+    );
+
+    let mut batcher = Batcher::new(corpus.train.len(), t.seq_len, t.seed, position)?;
+    let val_bytes_per_token = corpus.meta.val_bytes as f64 / corpus.meta.val_tokens as f64;
+    let mut metrics = Metrics::open(run, opts.resume.then_some(step))?;
+    let poison_step: Option<u64> = std::env::var(POISON_STEP_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok());
+
+    let end = opts.stop_at.map_or(t.steps, |s| s.min(t.steps));
+    let bar = if opts.no_progress {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::with_draw_target(Some(t.steps), ProgressDrawTarget::stderr())
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{bar:30} {pos}/{len} steps [{elapsed_precise} < {eta_precise}] {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar.set_position(step);
+    let say = |line: String| bar.suspend(|| println!("{line}"));
+
+    let started = Instant::now();
+    let tokens_at_start = tokens_seen;
+    let mut validation = metrics.rows.iter().rev().find_map(|r| {
+        r.val_loss.map(|loss| EvalResult {
+            tokens: 0,
+            loss,
+            perplexity: r.val_ppl.unwrap_or(loss.exp()),
+            bits_per_byte: r.val_bpb.unwrap_or(f64::NAN),
+        })
+    });
+    while step < end {
+        step += 1;
+        let step_start = Instant::now();
+        let lr = wsd_lr(step, &t);
+        let mut accumulator = GradientsAccumulator::<RelationLm>::new();
+        let mut losses = Vec::with_capacity(accumulation);
+        for _ in 0..accumulation {
+            let (x, y) = batcher.next_batch(&corpus.train, t.batch_size);
+            let x = Tensor::<2, Int>::from_data(
+                TensorData::new(x, [t.batch_size, t.seq_len]),
+                &train_device,
+            );
+            let y = Tensor::<2, Int>::from_data(
+                TensorData::new(y, [t.batch_size, t.seq_len]),
+                &train_device,
+            );
+            let logits = model.forward(x)?; // [B, T, V]
+            // Mean over this micro-batch, divided by the number of micro-batches: the
+            // accumulated gradient is the gradient of the step's mean loss.
+            let loss = token_nll(logits, y).mean().div_scalar(accumulation as f64); // [1]
+            losses.push(loss.clone().detach());
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            accumulator.accumulate(&model, grads);
+        }
+        let mut grads = accumulator.grads();
+        let mut loss = Tensor::cat(losses, 0).sum().into_scalar::<f64>();
+        if poison_step == Some(step) {
+            loss = f64::NAN;
+        }
+        let grad_norm = global_grad_norm(&model, &grads);
+        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
+            if !value.is_finite() {
+                bar.abandon();
+                return Err(TrainError::NonFinite {
+                    step,
+                    what,
+                    value,
+                    last_good: last_checkpoint,
+                });
+            }
+        }
+        clip_global_norm(&model, &mut grads, grad_norm, t.grad_clip);
+        model = optim.step(lr, model, grads);
+        tokens_seen += per_step;
+        let step_time = step_start.elapsed().as_secs_f64();
+
+        let mut row = Row {
+            step,
+            tokens: tokens_seen,
+            lr,
+            loss,
+            grad_norm,
+            tokens_per_s: per_step as f64 / step_time,
+            elapsed_s: elapsed_before + started.elapsed().as_secs_f64(),
+            val_loss: None,
+            val_ppl: None,
+            val_bpb: None,
+        };
+        if step.is_multiple_of(t.eval_every) || step == t.steps {
+            let result = evaluate(
+                &model.valid(),
+                &corpus.val,
+                t.seq_len,
+                t.batch_size,
+                t.eval_tokens,
+                val_bytes_per_token,
+            )?;
+            row.val_loss = Some(result.loss);
+            row.val_ppl = Some(result.perplexity);
+            row.val_bpb = Some(result.bits_per_byte);
+            say(format!(
+                "step {step:>6} | validation loss {:.4} | ppl {:.2} | {:.3} bits/byte ({} tokens)",
+                result.loss, result.perplexity, result.bits_per_byte, result.tokens
+            ));
+            validation = Some(result);
+        }
+        if step.is_multiple_of(t.log_every) || step == end {
+            say(format!(
+                "step {step:>6} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tok/s | {} tokens",
+                row.tokens_per_s, tokens_seen
+            ));
+        }
+        bar.set_message(format!(
+            "loss {loss:.3} | lr {lr:.1e} | {:.0} tok/s",
+            row.tokens_per_s
+        ));
+        bar.set_position(step);
+        metrics.push(row)?;
+
+        if step.is_multiple_of(t.checkpoint_every) || step == end {
+            let state = CheckpointState {
+                format: checkpoint::FORMAT,
+                step,
+                tokens_seen,
+                position: batcher.position(),
+                seed: t.seed,
+                model_fingerprint: fingerprint(&model_json),
+                tokenizer_fingerprint: fingerprint(&corpus.tokenizer_json),
+                elapsed_s: elapsed_before + started.elapsed().as_secs_f64(),
+                files: Default::default(),
+            };
+            checkpoint_dir = checkpoint::save(run, &model, &optim, state, t.keep_checkpoints)?;
+            last_checkpoint = checkpoint_dir.display().to_string();
+            if let Err(why) =
+                metrics.plot(&format!("{} on {}", model_config.pattern, config.device))
+            {
+                say(format!("loss curve not drawn: {why}"));
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let secs = started.elapsed().as_secs_f64();
+    let tokens_per_s = (tokens_seen - tokens_at_start) as f64 / secs.max(1e-9);
+
+    let finished = step >= t.steps;
+    let sample = if finished && t.sample_tokens > 0 {
+        Some(sample_after_training(
+            &model.valid(),
+            &tokenizer,
+            &corpus.val,
+            t.sample_tokens,
+            t.seed,
+        )?)
+    } else {
+        None
+    };
+    Ok(TrainSummary {
+        run_dir: run.clone(),
+        step,
+        finished,
+        tokens_seen,
+        tokens_per_s,
+        validation,
+        sample,
+        checkpoint: checkpoint_dir,
+        params,
+    })
+}
+
+/// A short continuation of the first words of the validation text.
+fn sample_after_training(
+    model: &RelationLm,
+    tokenizer: &tokenizers::Tokenizer,
+    val: &[u32],
+    tokens: usize,
+    seed: u64,
+) -> Result<(String, String)> {
+    let prompt: Vec<u32> = val.iter().copied().take(12).collect();
+    let sampling = Sampling {
+        max_new_tokens: tokens,
+        temperature: 0.8,
+        top_k: Some(40),
+        top_p: Some(0.95),
+        seed,
+    };
+    let out = model.generate(std::slice::from_ref(&prompt), &sampling)?;
+    Ok((
+        data::decode(tokenizer, &prompt)?,
+        data::decode(tokenizer, &out[0])?,
+    ))
+}

@@ -1,0 +1,234 @@
+//! The command line end to end on a tiny model: train, stop and resume (bit-identical losses),
+//! eval, generate.
+
+use crate::common::*;
+
+fn f(row: &serde_json::Value, key: &str) -> Option<f64> {
+    row.get(key).and_then(|v| v.as_f64())
+}
+
+#[test]
+fn train_stop_resume_eval_generate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+
+    // An uninterrupted run of 8 steps.
+    let a = tmp.path().join("a");
+    let out = ok(&tiny_args(&a, &cache, &corpus));
+    assert!(out.contains("training a byte-level BPE tokenizer"), "{out}");
+    assert!(out.contains("finished at step 8/8"), "{out}");
+    assert!(out.contains("validation: loss"), "{out}");
+    assert!(out.contains("sample (temperature"), "{out}");
+    for file in [
+        "config.json",
+        "model.json",
+        "tokenizer.json",
+        "metrics.csv",
+        "metrics.jsonl",
+    ] {
+        assert!(a.join(file).is_file(), "missing {file}");
+    }
+    let png = std::fs::read(a.join("loss.png")).unwrap();
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "loss.png is not a PNG");
+    let csv = std::fs::read_to_string(a.join("metrics.csv")).unwrap();
+    assert_eq!(
+        csv.lines().count(),
+        1 + 8,
+        "header + one line per step:\n{csv}"
+    );
+    assert_eq!(latest(&a), "step-00000008");
+    let kept = std::fs::read_dir(a.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .count();
+    assert_eq!(kept, 2, "keep_checkpoints = 2");
+    let rows_a = rows(&a);
+    assert_eq!(rows_a.len(), 8);
+    for (i, row) in rows_a.iter().enumerate() {
+        assert_eq!(row["step"].as_u64(), Some(i as u64 + 1));
+        assert_eq!(row["tokens"].as_u64(), Some(256 * (i as u64 + 1)));
+        assert!(f(row, "loss").unwrap().is_finite());
+        assert!(f(row, "grad_norm").unwrap() > 0.0);
+        assert_eq!(row["val_loss"].is_null(), (i + 1) % 4 != 0);
+    }
+    // It learns: the last loss is below the first (ln 300 = 5.70 at the start).
+    let first = f(&rows_a[0], "loss").unwrap();
+    let last = f(&rows_a[7], "loss").unwrap();
+    assert!(first > 5.0 && last < first - 0.3, "loss {first} -> {last}");
+
+    // The same run stopped at step 4, then resumed: the same losses, bit for bit.
+    let b = tmp.path().join("b");
+    let out = ok(&with(tiny_args(&b, &cache, &corpus), "--stop-at", "4"));
+    assert!(
+        out.contains("data: reusing"),
+        "second run reuses the token cache:\n{out}"
+    );
+    assert!(out.contains("stopped at step 4/8"), "{out}");
+    assert!(out.contains("relation train --resume"), "{out}");
+    assert_eq!(latest(&b), "step-00000004");
+    let out = ok(&[
+        "train".into(),
+        "--resume".into(),
+        "--run-dir".into(),
+        b.to_str().unwrap().into(),
+        "--no-progress".into(),
+    ]);
+    assert!(out.contains("resume:"), "{out}");
+    assert!(out.contains("finished at step 8/8"), "{out}");
+    let rows_b = rows(&b);
+    assert_eq!(rows_b.len(), 8);
+    for (ra, rb) in rows_a.iter().zip(&rows_b) {
+        for key in [
+            "step",
+            "tokens",
+            "lr",
+            "loss",
+            "grad_norm",
+            "val_loss",
+            "val_bpb",
+        ] {
+            assert_eq!(ra[key], rb[key], "{key} differs at step {}", ra["step"]);
+        }
+    }
+
+    // Eval of the final checkpoint on the same validation tokens reproduces the logged loss.
+    let run = a.to_str().unwrap().to_string();
+    let out = ok(&[
+        "eval".into(),
+        "--run-dir".into(),
+        run.clone(),
+        "--eval-tokens".into(),
+        "256".into(),
+    ]);
+    let logged = f(&rows_a[7], "val_loss").unwrap();
+    let printed: f64 = out
+        .split("loss ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in:\n{out}"));
+    assert!(
+        (printed - logged).abs() < 1e-3,
+        "eval {printed} vs logged {logged}"
+    );
+    // On any text.
+    let other = tmp.path().join("other.jsonl");
+    std::fs::write(
+        &other,
+        "{\"text\": \"Call me Ishmael. The whale.\"}\n{\"text\": \"The sea was calm.\"}\n",
+    )
+    .unwrap();
+    let out = ok(&[
+        "eval".into(),
+        "--run-dir".into(),
+        run.clone(),
+        "--data".into(),
+        other.to_str().unwrap().into(),
+    ]);
+    assert!(out.contains("on 2 documents"), "{out}");
+
+    // Generation continues the prompt and is repeatable for a seed.
+    let gen_args: Vec<String> = [
+        "generate",
+        "--run-dir",
+        &run,
+        "--prompt",
+        "Call me",
+        "--max-new-tokens",
+        "12",
+        "--seed",
+        "7",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let g1 = ok(&gen_args);
+    let g2 = ok(&gen_args);
+    assert!(g1.starts_with("Call me"), "{g1}");
+    assert!(g1.len() > "Call me".len() + 5, "{g1}");
+    assert_eq!(g1, g2, "same seed, same sample");
+}
+
+#[test]
+fn help_explains_every_flag() {
+    let out = ok(&["train".into(), "--help".into()]);
+    for flag in [
+        "--run-dir",
+        "--config",
+        "--resume",
+        "--stop-at",
+        "--device",
+        "--preset",
+        "--pattern",
+        "--data",
+        "--vocab-size",
+        "--tokenizer",
+        "--steps",
+        "--seq-len",
+        "--batch-size",
+        "--tokens-per-step",
+        "--lr",
+        "--warmup-steps",
+        "--decay-fraction",
+        "--weight-decay",
+        "--grad-clip",
+        "--seed",
+        "--checkpoint-every",
+    ] {
+        assert!(out.contains(flag), "train --help lacks {flag}");
+    }
+    for sub in ["train", "eval", "generate"] {
+        assert!(ok(&["--help".into()]).contains(sub));
+    }
+}
+
+#[test]
+fn config_file_and_flags_combine() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let config = tmp.path().join("config.json");
+    // The file sets the pattern (Hybrid: Linear + Full) and steps; a flag overrides steps.
+    std::fs::write(
+        &config,
+        r#"{"model": {"pattern": "LF"}, "train": {"steps": 50}}"#,
+    )
+    .unwrap();
+    let run = tmp.path().join("run");
+    let mut args = with(tiny_args(&run, &cache, &corpus), "--steps", "2");
+    args.extend(["--config".into(), config.to_str().unwrap().into()]);
+    args = with(args, "--warmup-steps", "1");
+    let out = ok(&args);
+    assert!(out.contains("`LF`"), "{out}");
+    assert!(out.contains("finished at step 2/2"), "{out}");
+    let saved: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("config.json")).unwrap()).unwrap();
+    assert_eq!(saved["model"]["pattern"], "LF");
+    assert_eq!(saved["train"]["steps"], 2);
+}
+
+/// The same command on wgpu: the fused CubeCL kernels train the model (software Vulkan here).
+#[cfg(feature = "wgpu")]
+#[test]
+fn trains_on_wgpu() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let run = tmp.path().join("run");
+    let args = with(
+        with(
+            with(tiny_args(&run, &cache, &corpus), "--device", "wgpu"),
+            "--steps",
+            "2",
+        ),
+        "--warmup-steps",
+        "1",
+    );
+    let out = ok(&args);
+    assert!(out.contains("device wgpu"), "{out}");
+    assert!(out.contains("finished at step 2/2"), "{out}");
+    let rows = rows(&run);
+    assert!(rows.iter().all(|r| r["loss"].as_f64().unwrap().is_finite()));
+}

@@ -1,0 +1,139 @@
+//! The pieces: schedule, data order, split, evaluation windows, device names.
+
+use relation_train::TrainSpec;
+use relation_train::data::{
+    Batcher, DataPosition, Document, eval_windows, is_validation, split_units,
+};
+use relation_train::device::parse_device;
+use relation_train::optim::wsd_lr;
+
+#[test]
+fn wsd_schedule_warms_up_holds_and_decays() {
+    let spec = TrainSpec {
+        steps: 100,
+        warmup_steps: Some(10),
+        lr: 1.0,
+        decay_fraction: 0.2,
+        min_lr_ratio: 0.1,
+        ..Default::default()
+    };
+    assert!(
+        (wsd_lr(1, &spec) - 0.1).abs() < 1e-12,
+        "warm-up is linear from lr/W"
+    );
+    assert!((wsd_lr(10, &spec) - 1.0).abs() < 1e-12);
+    assert_eq!(wsd_lr(50, &spec), 1.0);
+    assert_eq!(wsd_lr(80, &spec), 1.0, "stable until 80% (WSD80)");
+    let decay: Vec<f64> = (81..=100).map(|s| wsd_lr(s, &spec)).collect();
+    assert!(decay.windows(2).all(|w| w[1] < w[0]), "strictly decreasing");
+    assert!(
+        decay[19] > 0.1 && decay[19] < 0.2,
+        "ends just above min_lr: {}",
+        decay[19]
+    );
+    let no_warmup = TrainSpec {
+        warmup_steps: Some(0),
+        ..spec
+    };
+    assert_eq!(wsd_lr(1, &no_warmup), 1.0);
+}
+
+#[test]
+fn batches_are_a_deterministic_permutation_that_resumes() {
+    let stream: Vec<u32> = (0..1001).collect();
+    let start = DataPosition { epoch: 0, index: 0 };
+    let mut a = Batcher::new(stream.len(), 10, 7, start).unwrap();
+    assert_eq!(a.windows(), 100);
+    let mut firsts = Vec::new();
+    for _ in 0..50 {
+        let (x, y) = a.next_batch(&stream, 2);
+        assert_eq!(x.len(), 20);
+        for r in 0..2 {
+            assert_eq!(
+                &y[r * 10..r * 10 + 9],
+                &x[r * 10 + 1..r * 10 + 10],
+                "targets are inputs shifted by one"
+            );
+            firsts.push(x[r * 10]);
+        }
+    }
+    firsts.sort();
+    assert_eq!(
+        firsts,
+        (0..100).map(|w| w * 10).collect::<Vec<i64>>(),
+        "an epoch visits every window once"
+    );
+    // Resuming from a saved position reproduces the continuation, across an epoch boundary.
+    let mut b = Batcher::new(stream.len(), 10, 7, start).unwrap();
+    for _ in 0..37 {
+        b.next_batch(&stream, 3);
+    }
+    let saved = b.position();
+    let expect: Vec<_> = (0..10).map(|_| b.next_batch(&stream, 3)).collect();
+    let mut c = Batcher::new(stream.len(), 10, 7, saved).unwrap();
+    let got: Vec<_> = (0..10).map(|_| c.next_batch(&stream, 3)).collect();
+    assert_eq!(expect, got);
+    assert!(
+        Batcher::new(10, 10, 7, start).is_err(),
+        "shorter than one window"
+    );
+}
+
+#[test]
+fn split_depends_only_on_the_text() {
+    let docs: Vec<Document> = (0..3)
+        .map(|d| Document {
+            origin: format!("d{d}"),
+            text: (0..400)
+                .map(|p| format!("Paragraph {p} of document {d}, with some words."))
+                .collect::<Vec<_>>()
+                .join("\n\n"),
+        })
+        .collect();
+    let units = split_units(&docs);
+    assert!(
+        units.len() > 10,
+        "few documents are cut into paragraph groups"
+    );
+    let joined: String = units.concat();
+    assert_eq!(
+        joined.len() + 2 * (units.len() - docs.len()),
+        docs.iter().map(|d| d.text.len()).sum::<usize>(),
+        "no text lost"
+    );
+    let val: Vec<bool> = units.iter().map(|u| is_validation(u, 0.2)).collect();
+    let share = val.iter().filter(|&&v| v).count() as f64 / val.len() as f64;
+    assert!(share > 0.0 && share < 0.5, "validation share {share}");
+    let mut reversed = docs.clone();
+    reversed.reverse();
+    let mut again: Vec<(String, bool)> = split_units(&reversed)
+        .into_iter()
+        .map(|u| {
+            let v = is_validation(&u, 0.2);
+            (u, v)
+        })
+        .collect();
+    let mut first: Vec<(String, bool)> = units.into_iter().zip(val).collect();
+    again.sort();
+    first.sort();
+    assert_eq!(
+        first, again,
+        "file order does not move units between splits"
+    );
+}
+
+#[test]
+fn eval_windows_cover_the_stream_once() {
+    assert_eq!(eval_windows(10, 4, 0), vec![(0, 4), (4, 4), (8, 1)]);
+    assert_eq!(eval_windows(9, 4, 0), vec![(0, 4), (4, 4)]);
+    assert_eq!(eval_windows(100, 4, 6), vec![(0, 4), (4, 4)]);
+    assert!(eval_windows(1, 4, 0).is_empty());
+}
+
+#[test]
+fn device_names() {
+    assert!(parse_device("flex").is_ok());
+    assert!(parse_device("flex:1").is_err(), "flex takes no index");
+    let e = parse_device("rocm:0").unwrap_err().to_string();
+    assert!(e.contains("--features rocm"), "{e}");
+}
