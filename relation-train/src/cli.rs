@@ -60,6 +60,11 @@ pub struct TrainArgs {
     /// ndarray — those compiled in (cargo features). Default: flex.
     #[arg(long)]
     pub device: Option<String>,
+    /// Data parallel over several devices, comma-separated (e.g. cuda:0,cuda:1): each step's
+    /// micro-batches are spread over them (give --tokens-per-step of at least one micro-batch
+    /// per device); gradients are summed on the first, which holds the optimizer.
+    #[arg(long, value_delimiter = ',', value_name = "DEVICE,DEVICE,…")]
+    pub devices: Vec<String>,
 
     // Model.
     /// Model preset: cpu (default; minutes on 2 CPU cores), tiny, small, 10m, 30m, 100m,
@@ -195,6 +200,11 @@ impl TrainArgs {
             cfg.data.sources = self.data.clone();
         }
         let mut free = Vec::new();
+        if !self.devices.is_empty() {
+            cfg.devices = self.devices.clone();
+        } else if self.device.is_some() {
+            cfg.devices.clear();
+        }
         set!(cfg, free,
             "--device": self.device => cfg.device,
             "--cache-dir": self.cache_dir.clone().map(Some) => cfg.data.cache_dir,
@@ -348,7 +358,7 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         config.train.steps,
         summary.tokens_seen,
         summary.tokens_per_s,
-        config.device,
+        config.device_names().join(" + "),
         summary.params as f64 / 1e6
     );
     if let Some(v) = summary.validation {
@@ -385,7 +395,7 @@ fn device_for(run_dir: &std::path::Path, flag: &Option<String>) -> Result<burn::
     let name = match flag {
         Some(name) => name.clone(),
         None => RunConfig::load(&run_dir.join("config.json"))
-            .map(|c| c.device)
+            .map(|c| c.device_names().remove(0))
             .unwrap_or_else(|_| "flex".into()),
     };
     parse_device(&name)

@@ -21,6 +21,10 @@ pub struct RunConfig {
     pub train: TrainSpec,
     /// Device name (`flex`, `wgpu`, `cuda:0`, …).
     pub device: String,
+    /// Data parallel: several devices, each running a share of every step's micro-batches on
+    /// its own copy of the model; replaces `device` when not empty (the first one holds the
+    /// optimizer and runs evaluation).
+    pub devices: Vec<String>,
 }
 
 impl Default for RunConfig {
@@ -30,6 +34,7 @@ impl Default for RunConfig {
             data: DataSpec::default(),
             train: TrainSpec::default(),
             device: "flex".into(),
+            devices: Vec::new(),
         }
     }
 }
@@ -247,6 +252,15 @@ fn invalid(name: &'static str, value: impl ToString, rule: &str) -> TrainError {
 }
 
 impl RunConfig {
+    /// The devices training runs on: `devices`, else `[device]`.
+    pub fn device_names(&self) -> Vec<String> {
+        if self.devices.is_empty() {
+            vec![self.device.clone()]
+        } else {
+            self.devices.clone()
+        }
+    }
+
     /// Reads a (possibly partial) configuration file.
     ///
     /// # Errors

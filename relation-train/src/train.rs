@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use relation_model::{RelationLm, Sampling};
 
 use crate::checkpoint::{self, CheckpointState, fingerprint};
-use crate::config::RunConfig;
+use crate::config::{RunConfig, TrainSpec};
 use crate::data::{self, Batcher, DataPosition, write_atomic};
 use crate::device::parse_device;
 use crate::error::io;
@@ -101,7 +101,11 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
             rule: "must be >= 1".into(),
         });
     }
-    let device = parse_device(&config.device)?;
+    let device_names = config.device_names();
+    let replicas = device_names
+        .iter()
+        .map(|name| parse_device(name).map(|d| d.autodiff()))
+        .collect::<Result<Vec<Device>>>()?;
     let t = config.train.clone();
     fs::create_dir_all(run).map_err(io(run))?;
 
@@ -142,7 +146,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
 
     // Model and optimizer: the seed fixes the initial weights.
-    let train_device = device.clone().autodiff();
+    let train_device = replicas[0].clone();
     train_device.seed(t.seed);
     let mut model = model_config.init(&train_device)?;
     let mut optim = adamw(&model, &t);
@@ -185,7 +189,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         model_config.n_heads,
         params as f64 / 1e6,
         model_config.vocab_size,
-        config.device,
+        device_names.join(" + "),
         t.batch_size,
         t.seq_len,
         accumulation,
@@ -231,22 +235,14 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         let lr = wsd_lr(step, &t);
         let mut accumulator = GradientsAccumulator::<RelationLm>::new();
         let mut losses = Vec::with_capacity(accumulation);
-        for _ in 0..accumulation {
-            let (x, y) = batcher.next_batch(&corpus.train, t.batch_size);
-            let x = Tensor::<2, Int>::from_data(
-                TensorData::new(x, [t.batch_size, t.seq_len]),
-                &train_device,
-            );
-            let y = Tensor::<2, Int>::from_data(
-                TensorData::new(y, [t.batch_size, t.seq_len]),
-                &train_device,
-            );
-            let logits = model.forward(x)?; // [B, T, V]
-            // Mean over this micro-batch, divided by the number of micro-batches: the
-            // accumulated gradient is the gradient of the step's mean loss.
-            let loss = token_nll(logits, y).mean().div_scalar(accumulation as f64); // [1]
-            losses.push(loss.clone().detach());
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+        let batches: Vec<Batch> = (0..accumulation)
+            .map(|_| batcher.next_batch(&corpus.train, t.batch_size))
+            .collect();
+        // Accumulated in micro-batch order whatever device computed them, so the sum (and the
+        // run) is the same as on one device.
+        for result in micro_steps(&model, &replicas, batches, &t, accumulation)? {
+            let (loss, grads) = result;
+            losses.push(loss);
             accumulator.accumulate(&model, grads);
         }
         let mut grads = accumulator.grads();
@@ -328,9 +324,11 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
             };
             checkpoint_dir = checkpoint::save(run, &model, &optim, state, t.keep_checkpoints)?;
             last_checkpoint = checkpoint_dir.display().to_string();
-            if let Err(why) =
-                metrics.plot(&format!("{} on {}", model_config.pattern, config.device))
-            {
+            if let Err(why) = metrics.plot(&format!(
+                "{} on {}",
+                model_config.pattern,
+                device_names.join(" + ")
+            )) {
                 say(format!("loss curve not drawn: {why}"));
             }
         }
@@ -362,6 +360,87 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         checkpoint: checkpoint_dir,
         params,
     })
+}
+
+/// One micro-batch: inputs and targets, `[B, T]` row-major.
+type Batch = (Vec<i64>, Vec<i64>);
+
+/// Forward and backward of one micro-batch on `model`'s device; the loss (detached) and the
+/// gradients are returned on `primary`.
+fn micro_step(
+    model: &RelationLm,
+    device: &Device,
+    primary: &Device,
+    (x, y): Batch,
+    t: &TrainSpec,
+    accumulation: usize,
+) -> Result<(Tensor<1>, GradientsParams)> {
+    let x = Tensor::<2, Int>::from_data(TensorData::new(x, [t.batch_size, t.seq_len]), device);
+    let y = Tensor::<2, Int>::from_data(TensorData::new(y, [t.batch_size, t.seq_len]), device);
+    let logits = model.forward(x)?; // [B, T, V]
+    // Mean over this micro-batch, divided by the number of micro-batches: the accumulated
+    // gradient is the gradient of the step's mean loss.
+    let loss = token_nll(logits, y).mean().div_scalar(accumulation as f64); // [1]
+    let value = loss.clone().detach();
+    let grads = GradientsParams::from_grads(loss.backward(), model);
+    if device == primary {
+        Ok((value, grads))
+    } else {
+        Ok((value.to_device(primary), grads.to_device(primary, model)))
+    }
+}
+
+/// The micro-batches of one optimizer step, in order. With several devices (data parallel),
+/// micro-batch `i` runs on replica `i mod n` — a copy of the model forked onto that device —
+/// all replicas at once on their own threads; gradients come back to the first device.
+fn micro_steps(
+    model: &RelationLm,
+    replicas: &[Device],
+    batches: Vec<Batch>,
+    t: &TrainSpec,
+    accumulation: usize,
+) -> Result<Vec<(Tensor<1>, GradientsParams)>> {
+    let primary = &replicas[0];
+    let n = replicas.len().min(batches.len());
+    if n <= 1 {
+        return batches
+            .into_iter()
+            .map(|b| micro_step(model, primary, primary, b, t, accumulation))
+            .collect();
+    }
+    let copies: Vec<RelationLm> = (0..n)
+        .map(|r| {
+            if r == 0 {
+                model.clone()
+            } else {
+                model.clone().fork(&replicas[r])
+            }
+        })
+        .collect();
+    let mut assigned: Vec<Vec<(usize, Batch)>> = vec![Vec::new(); n];
+    for (i, b) in batches.into_iter().enumerate() {
+        assigned[i % n].push((i, b));
+    }
+    let mut done: Vec<(usize, Result<(Tensor<1>, GradientsParams)>)> = std::thread::scope(|s| {
+        let workers: Vec<_> = copies
+            .iter()
+            .zip(replicas)
+            .zip(assigned)
+            .map(|((copy, device), mine)| {
+                s.spawn(move || {
+                    mine.into_iter()
+                        .map(|(i, b)| (i, micro_step(copy, device, primary, b, t, accumulation)))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|w| w.join().expect("a data-parallel worker panicked"))
+            .collect()
+    });
+    done.sort_by_key(|(i, _)| *i);
+    done.into_iter().map(|(_, r)| r).collect()
 }
 
 /// A short continuation of the first words of the validation text.

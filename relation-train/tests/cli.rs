@@ -93,6 +93,21 @@ fn train_stop_resume_eval_generate() {
         }
     }
 
+    // Data parallel over two replicas (here two copies on flex, each on its own thread): the
+    // micro-batches are summed in order, so the run is the same as on one device.
+    let c = tmp.path().join("c");
+    let out = ok(&with(
+        tiny_args(&c, &cache, &corpus),
+        "--devices",
+        "flex,flex",
+    ));
+    assert!(out.contains("device flex + flex"), "{out}");
+    for (ra, rc) in rows_a.iter().zip(&rows(&c)) {
+        for key in ["loss", "grad_norm", "val_loss"] {
+            assert_eq!(ra[key], rc[key], "{key} differs at step {}", ra["step"]);
+        }
+    }
+
     // Eval of the final checkpoint on the same validation tokens reproduces the logged loss.
     let run = a.to_str().unwrap().to_string();
     let out = ok(&[
@@ -209,26 +224,40 @@ fn config_file_and_flags_combine() {
     assert_eq!(saved["train"]["steps"], 2);
 }
 
-/// The same command on wgpu: the fused CubeCL kernels train the model (software Vulkan here).
+/// The same command on wgpu: the fused CubeCL kernels train the model (software Vulkan here);
+/// and data parallel across two backends (flex holds the optimizer, wgpu computes every other
+/// micro-batch on a forked copy) matches flex alone up to float rounding.
 #[cfg(feature = "wgpu")]
 #[test]
-fn trains_on_wgpu() {
+fn trains_on_wgpu_and_across_devices() {
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let corpus = corpus(tmp.path());
-    let run = tmp.path().join("run");
-    let args = with(
-        with(
-            with(tiny_args(&run, &cache, &corpus), "--device", "wgpu"),
-            "--steps",
-            "2",
-        ),
-        "--warmup-steps",
-        "1",
-    );
-    let out = ok(&args);
+    let short = |run: &std::path::Path| with(tiny_args(run, &cache, &corpus), "--steps", "2");
+
+    let gpu = tmp.path().join("gpu");
+    let out = ok(&with(short(&gpu), "--device", "wgpu"));
     assert!(out.contains("device wgpu"), "{out}");
     assert!(out.contains("finished at step 2/2"), "{out}");
-    let rows = rows(&run);
-    assert!(rows.iter().all(|r| r["loss"].as_f64().unwrap().is_finite()));
+    assert!(
+        rows(&gpu)
+            .iter()
+            .all(|r| r["loss"].as_f64().unwrap().is_finite())
+    );
+
+    let flex = tmp.path().join("flex");
+    ok(&short(&flex));
+    let both = tmp.path().join("both");
+    let out = ok(&with(short(&both), "--devices", "flex,wgpu"));
+    assert!(out.contains("device flex + wgpu"), "{out}");
+    for (a, b) in rows(&flex).iter().zip(&rows(&both)) {
+        for key in ["loss", "grad_norm"] {
+            let (x, y) = (a[key].as_f64().unwrap(), b[key].as_f64().unwrap());
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs(),
+                "{key} at step {}: flex {x} vs flex+wgpu {y}",
+                a["step"]
+            );
+        }
+    }
 }
