@@ -46,6 +46,18 @@ pub fn bytes_held_by<T>(device: &Device, f: impl FnOnce() -> T) -> Option<u64> {
     before.zip(after).map(|(b, a)| a.saturating_sub(b))
 }
 
+/// Growth of the device allocator's reserved bytes while `f` runs, after a cleanup: the peak
+/// working memory of `f` as the allocator saw it (pages are reserved up to the high-water mark
+/// and then reused), rounded up to its page sizes. `None` on backends that do not report it.
+pub fn peak_reserved_by(device: &Device, f: impl FnOnce()) -> Option<u64> {
+    device.memory_cleanup();
+    let before = device.memory_pool_usage().map(|u| u.bytes_reserved);
+    f();
+    device.sync().expect("device sync");
+    let after = device.memory_pool_usage().map(|u| u.bytes_reserved);
+    before.zip(after).map(|(b, a)| a.saturating_sub(b))
+}
+
 /// Milliseconds with two decimals.
 pub fn ms(d: Duration) -> String {
     format!("{:.2}", d.as_secs_f64() * 1e3)

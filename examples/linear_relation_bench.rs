@@ -1,14 +1,18 @@
-//! Linear Relation scaling benchmark: the fused recurrent kernel against FlashRelation at the
-//! same shapes, time and memory against `T`, the crossover, and the cost of one decoding step.
+//! Linear Relation scaling benchmark: the chunked kernel and the fused recurrent kernel against
+//! FlashRelation at the same shapes, time and memory against `T`, the crossover, and the cost of
+//! one decoding step.
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example linear_relation_bench --features wgpu -- \
-//!     --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 [--max-flash 16384] [--out table.md]
+//!     --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 [--chunk 64] [--max-flash 16384] [--out table.md]
 //! ```
 //!
 //! Linear Relation is `O(T D^2)` in time and `O(T D)` in memory; FlashRelation is `O(T^2 D)` in
 //! time and `O(T D)` in memory. Training time is forward + backward with gradients of every
-//! input. Software Vulkan (lavapipe) timings are a correctness oracle, not GPU speed.
+//! input (each Linear Relation path with its own fused backward). "held" is what the
+//! allocator holds after a training forward with its graph alive; "peak" is the growth of the
+//! allocator's reserved pages over one training step (forward + backward). Software Vulkan
+//! (lavapipe) timings are a correctness oracle, not GPU speed.
 
 use std::io::Write;
 use std::time::Duration;
@@ -16,8 +20,11 @@ use std::time::Duration;
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
-use relation_examples::{bytes_held_by, device_by_name, mib, ms, time_on};
-use relation_kernels::{Strategy, flash_relation, linear_relation, linear_relation_step};
+use relation_examples::{bytes_held_by, device_by_name, mib, ms, peak_reserved_by, time_on};
+use relation_kernels::{
+    CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, linear_relation,
+    recurrent_linear_relation_step,
+};
 
 struct Args {
     device: String,
@@ -25,6 +32,7 @@ struct Args {
     heads: usize,
     head_dim: usize,
     iters: usize,
+    chunk: usize,
     max_flash: usize,
     out: Option<String>,
 }
@@ -36,6 +44,7 @@ fn parse() -> Result<Args, String> {
         heads: 8,
         head_dim: 64,
         iters: 3,
+        chunk: 64,
         max_flash: 16384,
         out: None,
     };
@@ -54,28 +63,55 @@ fn parse() -> Result<Args, String> {
             "--heads" => args.heads = number(value()?)?,
             "--head-dim" => args.head_dim = number(value()?)?,
             "--iters" => args.iters = number(value()?)?,
+            "--chunk" => args.chunk = number(value()?)?,
             "--max-flash" => args.max_flash = number(value()?)?,
             "--out" => args.out = Some(value()?),
             "--help" | "-h" => {
-                return Err(
+                return Err(format!(
                     "flags: --device wgpu|vulkan|cuda --seqs 1024,2048 --heads 8 --head-dim 64 \
-                            --iters 3 --max-flash 16384 --out FILE"
-                        .into(),
-                );
+                     --iters 3 --chunk {CHUNK_SIZES:?} (default 64) --max-flash 16384 --out FILE"
+                ));
             }
             other => return Err(format!("unknown flag `{other}` (see --help)")),
         }
     }
+    if !CHUNK_SIZES.contains(&args.chunk) {
+        return Err(format!(
+            "--chunk must be one of {CHUNK_SIZES:?}, got {}",
+            args.chunk
+        ));
+    }
     Ok(args)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Method {
+    /// `chunk_linear_relation`, the chunked kernels.
+    Chunk,
+    /// `linear_relation`, the fused recurrent kernel.
+    Recurrent,
+    /// `flash_relation`.
+    Flash,
+}
+
+impl Method {
+    fn name(self, chunk: usize) -> String {
+        match self {
+            Self::Chunk => format!("linear chunk {chunk}"),
+            Self::Recurrent => "linear recurrent".into(),
+            Self::Flash => "FlashRelation".into(),
+        }
+    }
 }
 
 struct Row {
     forward: Duration,
     train: Duration,
     held: Option<u64>,
+    peak: Option<u64>,
 }
 
-fn measure(linear: bool, args: &Args, device: &Device, seq: usize) -> Row {
+fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
     let dims = [1, seq, args.heads, args.head_dim];
     let inputs = |device: &Device, grad: bool| {
         let make = |seed, scale, shift: f64| {
@@ -92,13 +128,30 @@ fn measure(linear: bool, args: &Args, device: &Device, seq: usize) -> Row {
     };
     let run = |x: &[Tensor<4>; 4]| -> Tensor<4> {
         let [p1, p2, info, gates] = x.clone();
-        if linear {
-            linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, Strategy::Fused)
-                .expect("linear")
+        match method {
+            Method::Chunk => {
+                chunk_linear_relation(
+                    p1,
+                    p2,
+                    info,
+                    gates,
+                    DEFAULT_TAU,
+                    None,
+                    args.chunk,
+                    Strategy::Fused,
+                )
+                .expect("chunk")
                 .y
-        } else {
-            let lambda = Tensor::<1>::from_data([0.5f32], &p1.device());
-            flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("flash")
+            }
+            Method::Recurrent => {
+                linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, Strategy::Fused)
+                    .expect("linear")
+                    .y
+            }
+            Method::Flash => {
+                let lambda = Tensor::<1>::from_data([0.5f32], &p1.device());
+                flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("flash")
+            }
         }
     };
     let x = inputs(device, false);
@@ -107,16 +160,23 @@ fn measure(linear: bool, args: &Args, device: &Device, seq: usize) -> Row {
     });
     let ad = device.clone().autodiff();
     let x = inputs(&ad, true);
-    let train = time_on(device, args.iters, &mut || {
+    let mut step = || {
         let grads = run(&x).sum().backward();
         let _ = x.iter().map(|t| t.grad(&grads)).collect::<Vec<_>>();
-    });
+    };
+    let train = time_on(device, args.iters, &mut step);
     let held = bytes_held_by(device, || run(&x));
+    let peak = peak_reserved_by(device, step);
     Row {
         forward,
         train,
         held,
+        peak,
     }
+}
+
+fn ratio(a: Duration, b: Duration) -> String {
+    format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
 }
 
 fn main() {
@@ -129,8 +189,9 @@ fn main() {
         std::process::exit(2)
     });
     let mut table = format!(
-        "Linear Relation vs FlashRelation on {:?} ({}), B = 1, H = {}, D = {}, f32\n\n\
-         | T | linear fwd ms | linear train ms | linear held MiB | flash fwd ms | flash train ms | flash held MiB | train flash / linear |\n\
+        "Linear Relation (chunked, recurrent) vs FlashRelation on {:?} ({}), B = 1, H = {}, D = {}, \
+         chunk {}, f32\n\n\
+         | T | method | fwd ms | train ms | held MiB | peak train MiB | fwd / chunk | train / chunk |\n\
          |---|---|---|---|---|---|---|---|\n",
         device,
         device
@@ -138,32 +199,45 @@ fn main() {
             .map_or("unknown adapter".into(), |i| i.name),
         args.heads,
         args.head_dim,
+        args.chunk,
     );
     print!("{table}");
     let mut crossover = None;
     let mut largest = 0;
     for &seq in &args.seqs {
-        let lin = measure(true, &args, &device, seq);
+        let chunk = measure(Method::Chunk, &args, &device, seq);
         largest = seq;
-        let flash = (seq <= args.max_flash).then(|| measure(false, &args, &device, seq));
-        let ratio = flash.as_ref().map_or("-".into(), |f| {
-            format!("{:.2}x", f.train.as_secs_f64() / lin.train.as_secs_f64())
-        });
-        if crossover.is_none() && flash.as_ref().is_some_and(|f| f.train > lin.train) {
+        let mut rows = vec![(Method::Chunk, chunk)];
+        rows.push((
+            Method::Recurrent,
+            measure(Method::Recurrent, &args, &device, seq),
+        ));
+        if seq <= args.max_flash {
+            rows.push((Method::Flash, measure(Method::Flash, &args, &device, seq)));
+        }
+        let (chunk_fwd, chunk_train) = (rows[0].1.forward, rows[0].1.train);
+        if crossover.is_none()
+            && rows
+                .iter()
+                .any(|(m, r)| *m == Method::Flash && r.train > chunk_train)
+        {
             crossover = Some(seq);
         }
-        let (ff, ft, fh) = flash.map_or(("-".into(), "-".into(), "-".into()), |f| {
-            (ms(f.forward), ms(f.train), mib(f.held))
-        });
-        let row = format!(
-            "| {seq} | {} | {} | {} | {ff} | {ft} | {fh} | {ratio} |\n",
-            ms(lin.forward),
-            ms(lin.train),
-            mib(lin.held)
-        );
-        print!("{row}");
-        std::io::stdout().flush().ok();
-        table += &row;
+        for (method, r) in &rows {
+            let line = format!(
+                "| {seq} | {} | {} | {} | {} | {} | {} | {} |\n",
+                method.name(args.chunk),
+                ms(r.forward),
+                ms(r.train),
+                mib(r.held),
+                mib(r.peak),
+                ratio(r.forward, chunk_fwd),
+                ratio(r.train, chunk_train),
+            );
+            print!("{line}");
+            std::io::stdout().flush().ok();
+            table += &line;
+        }
     }
 
     // One decoding step from a carried state: constant in T.
@@ -180,7 +254,7 @@ fn main() {
     );
     let step = time_on(&device, 20, &mut || {
         let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| token[i].clone());
-        let _ = linear_relation_step(
+        let _ = recurrent_linear_relation_step(
             p1,
             p2,
             info,
@@ -192,8 +266,8 @@ fn main() {
         .expect("step");
     });
     let tail = format!(
-        "\nlargest T run: {largest}; training crossover (FlashRelation slower than Linear): {}\n\
-         one decoding step (state in, one token): {} ms\n",
+        "\nlargest T run: {largest}; training crossover (FlashRelation slower than the chunked \
+         Linear Relation): {}\none decoding step (state in, one token): {} ms\n",
         crossover.map_or("not reached".into(), |t| format!("T = {t}")),
         ms(step)
     );

@@ -15,6 +15,37 @@ use burn::tensor::Shape;
 
 use crate::RelationOps;
 
+/// Backward of Linear Relation: the backward kernels recompute the state trajectory (recurrent)
+/// or the chunk-start states (chunked), so only the inputs and the bundled output are saved,
+/// `O(T D + D^2)` per head. `Some(chunk_size)` selects the chunked backward kernels.
+#[derive(Debug)]
+struct LinearRelationBackward(Option<usize>);
+
+impl<B: RelationOps> Backward<B, 5> for LinearRelationBackward {
+    type State = ([NodeId; 5], FloatTensor<B>);
+
+    fn backward(
+        self,
+        ops: Ops<Self::State, 5>,
+        grads: &mut Gradients,
+        checkpointer: &mut Checkpointer,
+    ) {
+        let d_out = grads.consume::<B>(&ops.node);
+        let (ids, out) = ops.state;
+        let [q, k, v, g, h0] =
+            ids.map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
+        let (dq, dk, dv, dg, dh0) = match self.0 {
+            None => B::linear_relation_bwd(q, k, v, g, h0, out, d_out),
+            Some(chunk) => B::chunk_linear_relation_bwd(q, k, v, g, h0, out, d_out, chunk),
+        };
+        for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv, dg, dh0]) {
+            if let Some(node) = node {
+                grads.register::<B>(node.id, grad);
+            }
+        }
+    }
+}
+
 impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
     fn self_relation(
         p1: FloatTensor<Self>,
@@ -229,35 +260,8 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
         g: FloatTensor<Self>,
         h0: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
-        /// Recomputes the state trajectory inside the backward kernels: saves only the inputs
-        /// and the (bundled) output, `O(T D + D^2)` per head.
-        #[derive(Debug)]
-        struct LinearRelationBackward;
-
-        impl<B: RelationOps> Backward<B, 5> for LinearRelationBackward {
-            type State = ([NodeId; 5], FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 5>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let d_out = grads.consume::<B>(&ops.node);
-                let (ids, out) = ops.state;
-                let [q, k, v, g, h0] =
-                    ids.map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
-                let (dq, dk, dv, dg, dh0) = B::linear_relation_bwd(q, k, v, g, h0, out, d_out);
-                for (node, grad) in ops.parents.into_iter().zip([dq, dk, dv, dg, dh0]) {
-                    if let Some(node) = node {
-                        grads.register::<B>(node.id, grad);
-                    }
-                }
-            }
-        }
-
         let guards = [q.node(), k.node(), v.node(), g.node(), h0.node()];
-        match LinearRelationBackward
+        match LinearRelationBackward(None)
             .prepare::<C>(guards)
             .compute_bound()
             .stateful()
@@ -287,6 +291,84 @@ impl<B: RelationOps, C: CheckpointStrategy> RelationOps for Autodiff<B, C> {
                 h0.into_primitive(),
             )),
         }
+    }
+
+    fn chunk_linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        chunk_size: usize,
+    ) -> FloatTensor<Self> {
+        let guards = [q.node(), k.node(), v.node(), g.node(), h0.node()];
+        match LinearRelationBackward(Some(chunk_size))
+            .prepare::<C>(guards)
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let ids = [
+                    prep.checkpoint(&q),
+                    prep.checkpoint(&k),
+                    prep.checkpoint(&v),
+                    prep.checkpoint(&g),
+                    prep.checkpoint(&h0),
+                ];
+                let out = B::chunk_linear_relation(
+                    q.into_primitive(),
+                    k.into_primitive(),
+                    v.into_primitive(),
+                    g.into_primitive(),
+                    h0.into_primitive(),
+                    chunk_size,
+                );
+                prep.finish((ids, out.clone()), out)
+            }
+            OpsKind::UnTracked(prep) => prep.finish(B::chunk_linear_relation(
+                q.into_primitive(),
+                k.into_primitive(),
+                v.into_primitive(),
+                g.into_primitive(),
+                h0.into_primitive(),
+                chunk_size,
+            )),
+        }
+    }
+
+    fn chunk_linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        chunk_size: usize,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let (a, b, c, d, e) = B::chunk_linear_relation_bwd(
+            q.into_primitive(),
+            k.into_primitive(),
+            v.into_primitive(),
+            g.into_primitive(),
+            h0.into_primitive(),
+            out.into_primitive(),
+            d_out.into_primitive(),
+            chunk_size,
+        );
+        (
+            FloatTensor::<Self>::new(a),
+            FloatTensor::<Self>::new(b),
+            FloatTensor::<Self>::new(c),
+            FloatTensor::<Self>::new(d),
+            FloatTensor::<Self>::new(e),
+        )
     }
 
     fn linear_relation_bwd(

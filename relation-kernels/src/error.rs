@@ -29,6 +29,16 @@ pub enum KernelError {
         /// The largest supported head dimension.
         max: usize,
     },
+    /// The chunk size is not one the chunked kernel supports.
+    #[error("`{op}`: chunk_size must be one of {allowed:?}, got {chunk_size}")]
+    UnsupportedChunkSize {
+        /// The operation.
+        op: &'static str,
+        /// The chunk size that was passed.
+        chunk_size: usize,
+        /// The supported chunk sizes.
+        allowed: &'static [usize],
+    },
 }
 
 /// Result alias of this crate.

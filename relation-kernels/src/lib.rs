@@ -13,7 +13,8 @@
 //! |---|---|---|
 //! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `cube::self_relation` |
 //! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `cube::flash_relation` |
-//! | [`linear_relation`], [`linear_relation_step`], forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `cube::linear_relation` (fused recurrent) |
+//! | [`linear_relation`], [`linear_relation_step`] (= [`recurrent_linear_relation_step`]), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `cube::linear_relation` (fused recurrent) |
+//! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `cube::chunk_linear_relation` (GLA-style chunked forward and backward) |
 //!
 //! [`Device`]: burn::tensor::Device
 
@@ -23,6 +24,8 @@ pub mod cube;
 mod error;
 mod flash_relation;
 mod linear_relation;
+// Without CubeCL the generated extension code leaves the kernel parameters unused.
+#[cfg_attr(not(feature = "cube"), allow(unused_variables))]
 mod ops;
 mod self_relation;
 mod strategy;
@@ -30,7 +33,8 @@ mod strategy;
 pub use error::{KernelError, Result};
 pub use flash_relation::{MAX_HEAD_DIM, flash_relation, flash_relation_with_stats};
 pub use linear_relation::{
-    MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, linear_relation, linear_relation_step,
+    CHUNK_SIZES, MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, chunk_linear_relation, linear_relation,
+    linear_relation_step, recurrent_linear_relation_step,
 };
 pub use ops::RelationOps;
 pub use self_relation::self_relation;
@@ -48,6 +52,8 @@ pub mod launches {
     pub(crate) static FLASH_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
     pub(crate) static LINEAR_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
     pub(crate) static LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static CHUNK_LINEAR_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static CHUNK_LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
 
     /// Launches of the `self_relation` kernel.
     pub fn self_relation() -> usize {
@@ -64,7 +70,18 @@ pub mod launches {
         LINEAR_RELATION_FWD.load(Ordering::SeqCst)
     }
 
-    /// Launches of the Linear Relation backward kernels (counted once per backward pass).
+    /// Launches of the chunked Linear Relation forward kernels (counted once per forward pass).
+    pub fn chunk_linear_relation_forward() -> usize {
+        CHUNK_LINEAR_RELATION_FWD.load(Ordering::SeqCst)
+    }
+
+    /// Launches of the chunked Linear Relation backward kernels (counted once per backward pass).
+    pub fn chunk_linear_relation_backward() -> usize {
+        CHUNK_LINEAR_RELATION_BWD.load(Ordering::SeqCst)
+    }
+
+    /// Launches of the recurrent Linear Relation backward kernels (counted once per backward
+    /// pass).
     pub fn linear_relation_backward() -> usize {
         LINEAR_RELATION_BWD.load(Ordering::SeqCst)
     }

@@ -12,8 +12,23 @@ use crate::{KernelError, RelationOps, Result, Strategy};
 /// Largest head dimension of the fused Linear Relation kernels (one unit per state row/column).
 pub const MAX_LINEAR_HEAD_DIM: usize = 256;
 
-/// Chunk size of the reference fallback (`naive_chunk_linear_relation`).
+/// Chunk size of the reference fallback (`naive_chunk_linear_relation`) of [`linear_relation`].
 pub const REFERENCE_CHUNK: usize = 64;
+
+/// Chunk sizes [`chunk_linear_relation`] accepts (on every device, so that a program behaves the
+/// same everywhere): powers of two from 16 to 64. Larger chunks would cost the kernel
+/// `O(L^2)` scores per chunk for no gain without matrix units; smaller ones are the recurrent
+/// kernel's job.
+pub const CHUNK_SIZES: &[usize] = &[16, 32, 64];
+
+/// Which fused forward runs.
+#[derive(Debug, Clone, Copy)]
+enum Kernel {
+    /// `cube::linear_relation`: token by token.
+    Recurrent,
+    /// `cube::chunk_linear_relation` with this many tokens per chunk.
+    Chunk(usize),
+}
 
 fn check_inputs(
     p1: &Tensor<4>,
@@ -36,6 +51,7 @@ fn check_inputs(
 
 /// The fused path: prepare `q = S p̂1`, `k = S p̂2` with tensor ops (differentiable), run the
 /// kernel, split the bundled output.
+#[allow(clippy::too_many_arguments)]
 fn fused(
     p1: Tensor<4>,
     p2: Tensor<4>,
@@ -44,11 +60,15 @@ fn fused(
     tau: f64,
     state: Option<Tensor<4>>,
     dims: check::Bthd,
+    kernel: Kernel,
 ) -> Result<LinearRelationOutput> {
     let [b, t, h, d] = dims.dims();
     if d > MAX_LINEAR_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
-            op: "linear_relation",
+            op: match kernel {
+                Kernel::Recurrent => "linear_relation",
+                Kernel::Chunk(_) => "chunk_linear_relation",
+            },
             head_dim: d,
             max: MAX_LINEAR_HEAD_DIM,
         });
@@ -57,13 +77,17 @@ fn fused(
     let q = l2_normalize(p1) * s.clone(); // S_t p̂1_t
     let k = l2_normalize(p2) * s; // S_t p̂2_t
     let state = state.unwrap_or_else(|| Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())));
-    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation(
+    let (q, k, v, g, h0) = (
         q.into_dispatch(),
         k.into_dispatch(),
         info.into_dispatch(),
         log_alpha.into_dispatch(),
         state.into_dispatch(),
-    )); // [B, H, T + D, D]
+    );
+    let out = Tensor::<4>::from_dispatch(match kernel {
+        Kernel::Recurrent => Dispatch::linear_relation(q, k, v, g, h0),
+        Kernel::Chunk(chunk_size) => Dispatch::chunk_linear_relation(q, k, v, g, h0, chunk_size),
+    }); // [B, H, T + D, D]
     Ok(LinearRelationOutput {
         y: out.clone().narrow(2, 0, t).swap_dims(1, 2), // [B, T, H, D]
         state: out.narrow(2, t, d),                     // [B, H, D, D]
@@ -97,7 +121,16 @@ pub fn linear_relation(
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
     if strategy.use_fused("linear_relation", &p1.device())? {
-        fused(p1, p2, info, log_alpha, tau, initial_state, dims)
+        fused(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            initial_state,
+            dims,
+            Kernel::Recurrent,
+        )
     } else {
         Ok(naive_chunk_linear_relation(
             p1,
@@ -133,7 +166,16 @@ pub fn linear_relation_step(
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, Some(&state))?;
     if strategy.use_fused("linear_relation_step", &p1.device())? {
-        fused(p1, p2, info, log_alpha, tau, Some(state), dims)
+        fused(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            Some(state),
+            dims,
+            Kernel::Recurrent,
+        )
     } else {
         Ok(naive_recurrent_linear_relation(
             p1,
@@ -142,6 +184,95 @@ pub fn linear_relation_step(
             log_alpha,
             tau,
             Some(state),
+        )?)
+    }
+}
+
+/// Decoding under the name: exactly [`linear_relation_step`] (the fused recurrent
+/// kernel on CubeCL devices, `naive_recurrent_linear_relation` elsewhere). Prefill with
+/// [`chunk_linear_relation`] or [`linear_relation`], then advance the returned state with this.
+///
+/// # Shapes
+/// As [`linear_relation_step`].
+///
+/// # Errors
+/// As [`linear_relation_step`].
+pub fn recurrent_linear_relation_step(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    state: Tensor<4>,
+    strategy: Strategy,
+) -> Result<LinearRelationOutput> {
+    linear_relation_step(p1, p2, info, log_alpha, tau, state, strategy)
+}
+
+/// Linear Relation (spec §3) with the chunked (chunkwise-parallel, GLA-style) algorithm, carrying
+/// a state in and out, on any device.
+///
+/// On CubeCL devices two fused kernels run (`cube::chunk_linear_relation`): a sequential pass
+/// over the chunks that stores each chunk-start state, then one cube per chunk for the
+/// inter-chunk term (`q_t ⊙ e^{b_t}` against the chunk-start state) plus the strictly-lower
+/// intra-chunk term (scores `sum_k q_t[k] k_j[k] e^{b_t[k] - b_j[k]}`, `j < t`), with cumulative
+/// log gates formed per chunk in f32 so that no exponent is positive. Under autodiff the
+/// gradients of `p1`, `p2`, `info`, `log_alpha` and `initial_state` come from the chunked
+/// backward kernels (a reverse pass over the chunks for the state gradients, then one cube per
+/// chunk for `dq`, `dk`, `dv`); `S_t` and the L2 normalisation are tensor ops here, as in
+/// [`linear_relation`]. Elsewhere (or with [`Strategy::Reference`]) it is
+/// `relation_core::naive_chunk_linear_relation` with the same `chunk_size`.
+///
+/// `chunk_size` must be one of [`CHUNK_SIZES`] (16, 32, 64) on every device. The result does not
+/// depend on it beyond rounding; `T` need not be a multiple of it.
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`, `log_alpha`: `[B, T, H, D]` (`log_alpha <= 0`), `D <= 256`
+/// - `initial_state`: `[B, H, D, D]` (zeros when `None`)
+/// - output: `y` `[B, T, H, D]`, `state` `[B, H, D, D]`
+///
+/// # Errors
+/// [`KernelError::UnsupportedChunkSize`], everything the references refuse, plus
+/// [`KernelError::FusedUnavailable`] and [`KernelError::HeadDimTooLarge`] on the fused path.
+#[allow(clippy::too_many_arguments)] // the signature: inputs, tau, state, chunk, strategy
+pub fn chunk_linear_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    initial_state: Option<Tensor<4>>,
+    chunk_size: usize,
+    strategy: Strategy,
+) -> Result<LinearRelationOutput> {
+    if !CHUNK_SIZES.contains(&chunk_size) {
+        return Err(KernelError::UnsupportedChunkSize {
+            op: "chunk_linear_relation",
+            chunk_size,
+            allowed: CHUNK_SIZES,
+        });
+    }
+    let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
+    if strategy.use_fused("chunk_linear_relation", &p1.device())? {
+        fused(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            initial_state,
+            dims,
+            Kernel::Chunk(chunk_size),
+        )
+    } else {
+        Ok(naive_chunk_linear_relation(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            initial_state,
+            chunk_size,
         )?)
     }
 }

@@ -90,6 +90,45 @@ pub trait RelationOps: Backend {
         h0: FloatTensor<Self>,
     ) -> FloatTensor<Self>;
 
+    /// Linear Relation over prepared vectors, chunked (GLA-style chunk algorithm with
+    /// `chunk_size` tokens per chunk), differentiable. Same inputs and bundled output as
+    /// [`linear_relation`](Self::linear_relation); the backward is
+    /// [`chunk_linear_relation_bwd`](Self::chunk_linear_relation_bwd).
+    ///
+    /// # Shapes
+    /// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`
+    /// - output: `[B, H, T + D, D]`, rows `0..T` are `y` (heads first), rows `T..` the final state
+    #[fusion(dtype = q, shape = bundled_shape(q))]
+    fn chunk_linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        chunk_size: usize,
+    ) -> FloatTensor<Self>;
+
+    /// Chunked Linear Relation backward: `(dq, dk, dv, dg, dh0)` from the forward output and its
+    /// gradient, by the chunked backward kernels with `chunk_size` tokens per chunk.
+    #[allow(clippy::too_many_arguments)]
+    #[fusion(meta = |q, k, v, g, h0, _out, _d_out, _chunk_size| (q.clone(), k.clone(), v.clone(), g.clone(), h0.clone()))]
+    fn chunk_linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        chunk_size: usize,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    );
+
     /// Linear Relation backward: `(dq, dk, dv, dg, dh0)` from the forward output and its gradient.
     #[allow(clippy::too_many_arguments)]
     #[fusion(meta = |q, k, v, g, h0, _out, _d_out| (q.clone(), k.clone(), v.clone(), g.clone(), h0.clone()))]

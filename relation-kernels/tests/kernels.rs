@@ -6,6 +6,8 @@
 mod strategy;
 
 #[cfg(feature = "wgpu")]
+mod chunk_linear_relation;
+#[cfg(feature = "wgpu")]
 mod common;
 
 #[cfg(feature = "wgpu")]

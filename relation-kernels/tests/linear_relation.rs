@@ -10,14 +10,20 @@ use crate::common::{to_flex, wgpu};
 
 /// Inputs in f32 on Flex, rounded through `dtype`: `[p1, p2, info, log_alpha]`, the initial
 /// state, and the loss weights of `y` and of the final state.
-struct Case {
+pub(crate) struct Case {
     inputs: [TensorData; 4],
     state: Option<TensorData>,
     w_y: TensorData,
     w_state: TensorData,
 }
 
-fn case(dims: [usize; 4], seed: u64, gate: (f64, f64), with_state: bool, dtype: DType) -> Case {
+pub(crate) fn case(
+    dims: [usize; 4],
+    seed: u64,
+    gate: (f64, f64),
+    with_state: bool,
+    dtype: DType,
+) -> Case {
     let flex = Device::flex();
     let [b, _, h, d] = dims;
     let round = |x: Tensor<4>| x.cast(dtype).cast(DType::F32).into_data();
@@ -36,13 +42,13 @@ fn case(dims: [usize; 4], seed: u64, gate: (f64, f64), with_state: bool, dtype: 
     }
 }
 
-struct On {
-    inputs: Vec<Tensor<4>>,
-    state: Option<Tensor<4>>,
+pub(crate) struct On {
+    pub(crate) inputs: Vec<Tensor<4>>,
+    pub(crate) state: Option<Tensor<4>>,
 }
 
 impl Case {
-    fn on(&self, device: &Device, dtype: DType, grad: bool) -> On {
+    pub(crate) fn on(&self, device: &Device, dtype: DType, grad: bool) -> On {
         let t = |d: &TensorData| {
             let x = Tensor::<4>::from_data(d.clone(), (device, dtype));
             if grad { x.require_grad() } else { x }
@@ -53,7 +59,12 @@ impl Case {
         }
     }
 
-    fn loss(&self, out: &LinearRelationOutput, device: &Device, dtype: DType) -> Tensor<1> {
+    pub(crate) fn loss(
+        &self,
+        out: &LinearRelationOutput,
+        device: &Device,
+        dtype: DType,
+    ) -> Tensor<1> {
         let w_y = Tensor::<4>::from_data(self.w_y.clone(), (device, dtype));
         let w_state = Tensor::<4>::from_data(self.w_state.clone(), (device, dtype));
         (out.y.clone() * w_y).sum() + (out.state.clone() * w_state).sum()
@@ -65,7 +76,7 @@ fn run(x: &On, strategy: Strategy) -> LinearRelationOutput {
     linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone(), strategy).unwrap()
 }
 
-fn reference(x: &On) -> LinearRelationOutput {
+pub(crate) fn reference(x: &On) -> LinearRelationOutput {
     let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
     naive_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone()).unwrap()
 }

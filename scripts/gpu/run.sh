@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine (no toolchain, no network), from the repository root, with .gpu/
-# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT; at most 9 minutes (the sum of its timeouts), usually far less.
+# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT; at most 9 minutes (the sum of its timeouts, 540 s), usually far less.
 set -uo pipefail
 OUT="${OUT:-/tmp/relation-gpu}"
 mkdir -p "$OUT"
@@ -23,7 +23,7 @@ timeout 100 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048
   --dtype f32 --out "$OUT/flash_relation_f32.md" > "$OUT/bench-f32.log" 2>&1
 timeout 100 /tmp/bin/flash_relation_bench --device wgpu --seqs 256,512,1024,2048,4096 --iters 10 \
   --dtype f16 --out "$OUT/flash_relation_f16.md" > "$OUT/bench-f16.log" 2>&1
-# 3. Linear Relation scaling against FlashRelation, up to 64K tokens.
-timeout 120 /tmp/bin/linear_relation_bench --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 \
-  --max-flash 16384 --iters 3 --out "$OUT/linear_relation.md" > "$OUT/bench-linear.log" 2>&1
+# 3. Linear Relation scaling (chunked and recurrent kernels) against FlashRelation, up to 64K tokens.
+timeout 140 /tmp/bin/linear_relation_bench --device wgpu --seqs 1024,2048,4096,8192,16384,32768,65536 \
+  --max-flash 16384 --iters 3 --chunk 64 --out "$OUT/linear_relation.md" > "$OUT/bench-linear.log" 2>&1
 cat "$OUT"/flash_relation_*.md "$OUT"/linear_relation.md

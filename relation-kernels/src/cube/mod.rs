@@ -5,6 +5,7 @@
 //! most 8 storage buffers each (wgpu's per-stage limit), and size their tiles from the client's
 //! reported limits rather than from a hard-coded warp size.
 
+mod chunk_linear_relation;
 mod flash_relation;
 mod linear_relation;
 mod self_relation;
@@ -203,6 +204,17 @@ impl RelationOps for CubeBackend {
         linear_relation::forward(q, k, v, g, h0)
     }
 
+    fn chunk_linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        chunk_size: usize,
+    ) -> FloatTensor<Self> {
+        chunk_linear_relation::forward(q, k, v, g, h0, chunk_size)
+    }
+
     fn linear_relation_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -218,31 +230,89 @@ impl RelationOps for CubeBackend {
         FloatTensor<Self>,
         FloatTensor<Self>,
     ) {
-        let dims = q.meta.shape().clone();
-        let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
         let (dq, dk, dv, dh0) =
             linear_relation::backward(q.clone(), k.clone(), v, g, h0, d_out.clone());
-        // dL/db_t = q ⊙ dq - k ⊙ dk, reverse-cumulated over t (see the kernel module's docs).
-        let per_token = Self::float_sub(
-            Self::float_mul(q, dq.clone()),
-            Self::float_mul(k, dk.clone()),
-        ); // [B, T, H, D]
-        let reversed = Self::float_flip(
-            Self::float_cumsum(Self::float_flip(per_token, &[1]), 1),
-            &[1],
-        );
-        // + sum_c dC_T[:, c] ⊙ C_T[:, c], the final state's own dependence on b_T.
-        let state_rows = [
-            Slice::from(0..b),
-            Slice::from(0..h),
-            Slice::from(t..t + d),
-            Slice::from(0..d),
-        ];
-        let state = Self::float_slice(out, &state_rows); // [B, H, D, D]
-        let d_state = Self::float_slice(d_out, &state_rows); // [B, H, D, D]
-        let from_state = Self::float_sum_dim(Self::float_mul(state, d_state), 3); // [B, H, D, 1]
-        let from_state = Self::float_reshape(from_state, Shape::new([b, 1, h, d])); // [B, 1, H, D]
-        let dg = Self::float_add(reversed, from_state);
+        let dg = gate_gradient(q, k, dq.clone(), dk.clone(), out, d_out);
         (dq, dk, dv, dg, dh0)
     }
+
+    fn chunk_linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        chunk_size: usize,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        let dims = q.meta.shape().clone();
+        let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+        let (dqk, dv, dh0) = chunk_linear_relation::backward(
+            q.clone(),
+            k.clone(),
+            v,
+            g,
+            h0,
+            d_out.clone(),
+            chunk_size,
+        );
+        // dqk is [2, B, T, H, D]: dq then dk.
+        let half = |i: usize| {
+            let part = Self::float_slice(
+                dqk.clone(),
+                &[
+                    Slice::from(i..i + 1),
+                    Slice::from(0..b),
+                    Slice::from(0..t),
+                    Slice::from(0..h),
+                    Slice::from(0..d),
+                ],
+            ); // [1, B, T, H, D]
+            Self::float_reshape(part, dims.clone()) // [B, T, H, D]
+        };
+        let (dq, dk) = (half(0), half(1));
+        let dg = gate_gradient(q, k, dq.clone(), dk.clone(), out, d_out);
+        (dq, dk, dv, dg, dh0)
+    }
+}
+
+/// The log-gate gradient of Linear Relation from `dq`, `dk` and the bundled output and its
+/// gradient (see `linear_relation`'s module docs): `dL/db_t = q ⊙ dq - k ⊙ dk`, reverse-cumulated
+/// over `t`, plus the final state's own dependence on the last cumulative gate.
+///
+/// # Shapes
+/// - `q`, `k`, `dq`, `dk`: `[B, T, H, D]`; `out`, `d_out`: `[B, H, T + D, D]`
+/// - output: `[B, T, H, D]`
+fn gate_gradient(
+    q: CubeTensor,
+    k: CubeTensor,
+    dq: CubeTensor,
+    dk: CubeTensor,
+    out: CubeTensor,
+    d_out: CubeTensor,
+) -> CubeTensor {
+    type B = CubeBackend;
+    let dims = q.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let per_token = B::float_sub(B::float_mul(q, dq), B::float_mul(k, dk)); // [B, T, H, D]
+    let reversed = B::float_flip(B::float_cumsum(B::float_flip(per_token, &[1]), 1), &[1]);
+    // + sum_c dC_T[:, c] ⊙ C_T[:, c], the final state's own dependence on b_T.
+    let state_rows = [
+        Slice::from(0..b),
+        Slice::from(0..h),
+        Slice::from(t..t + d),
+        Slice::from(0..d),
+    ];
+    let state = B::float_slice(out, &state_rows); // [B, H, D, D]
+    let d_state = B::float_slice(d_out, &state_rows); // [B, H, D, D]
+    let from_state = B::float_sum_dim(B::float_mul(state, d_state), 3); // [B, H, D, 1]
+    let from_state = B::float_reshape(from_state, Shape::new([b, 1, h, d])); // [B, 1, H, D]
+    B::float_add(reversed, from_state) // [B, T, H, D]
 }

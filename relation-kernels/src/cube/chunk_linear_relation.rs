@@ -1,0 +1,829 @@
+//! Linear Relation, chunked (chunkwise-parallel, GLA-style) forward and backward kernels
+//! (spec §3).
+//!
+//! The inputs are the prepared per-token vectors of [`super::linear_relation`]
+//! (`q_t = S_t p̂1_t`, `k_t = S_t p̂2_t`, `v_t = Ĩ_t`, `g_t = log alpha_t`, all `[B, T, H, D]`,
+//! and the initial state `C_0`, `[B, H, D, D]`); the Tensor-level caller computes `S_t` and the
+//! L2 normalisation with differentiable tensor ops.
+//!
+//! # Algorithm
+//!
+//! Split the sequence into chunks of `L` tokens (`L` = `chunk_size`, the last chunk may be
+//! partial). For chunk `n` covering tokens `c0 .. c0 + L` with carried state `C^(n)` (the state
+//! after token `c0 - 1`) and per-channel cumulative log gates, inclusive and re-based at the
+//! chunk start,
+//!
+//! ```text
+//! b_t[k] = sum_{s = c0 .. t} g_s[k]          (<= 0, non-increasing in t)
+//! ```
+//!
+//! the recurrence `C_t = Diag(e^{g_t}) C_{t-1} + k_t v_t^T`, `y_t = v_t + (Diag(e^{g_t}) C_{t-1})^T q_t`
+//! unrolls to
+//!
+//! ```text
+//! y_t[c]      = v_t[c] + sum_k q_t[k] e^{b_t[k]} C^(n)[k, c]                 (inter-chunk)
+//!                      + sum_{c0 <= j < t} A[t, j] v_j[c]                       (intra-chunk)
+//! A[t, j]     = sum_k q_t[k] k_j[k] e^{b_t[k] - b_j[k]}        only for j < t (strictly lower)
+//! C^(n+1)     = Diag(e^{b_last}) C^(n) + sum_{j in chunk} (k_j ⊙ e^{b_last - b_j}) v_j^T
+//! ```
+//!
+//! The `j = t` term is excluded (`E_t` reads the state *before* token `t` writes), exactly as in
+//! `relation_core::naive_chunk_linear_relation`. Every exponent above is `<= 0`: `b_t` itself,
+//! `b_t - b_j` for `j < t` (only formed for those pairs), and `b_last - b_j`. The factor
+//! `e^{b_t - b_j}` is formed from the difference and never split into `e^{b_t} e^{-b_j}`, which
+//! overflows once the gates are strong (`-b_j` in the hundreds), so log gates of `-20` per token
+//! and gates of exactly `0` are both exact. Gates, cumulative gates, scores, accumulators and
+//! states are f32 whatever the input dtype (f32 or f16).
+//!
+//! # Kernels
+//!
+//! Like flash-linear-attention's `chunk_fwd_h` + `chunk_fwd_o`, the work is split so that only
+//! the cheap part is sequential:
+//!
+//! | kernel | grid | owns | computes |
+//! |---|---|---|---|
+//! | `chunk_states` | one cube per `(b, h)`, `D` units | state column `c` | walks the chunks in order, stores every chunk-start state `C^(n)` (f32) and the final state |
+//! | `chunk_output` | one cube per `(chunk, b, h)`, `D` units | output column `c` | the inter- and intra-chunk terms of one chunk, in parallel over all chunks |
+//!
+//! `chunk_states` costs `O(D)` per token and unit (one `D`-long multiply-add per key row of
+//! the chunk) and no scores; `chunk_output` is independent across chunks, so the sequential part
+//! is half the recurrent kernel's work and the rest runs `T / L` cubes wide. Within
+//! `chunk_output` the chunk is processed in square sub-tiles of `S` tokens (`S` = 16, or
+//! smaller when `3 S D + S^2` f32 values would not fit the device's shared memory, e.g. `D =
+//! 256` on a 32 KiB device): for each row sub-tile the units compute `b_t`, `q_t ⊙ e^{b_t}`
+//! (channel `k` by unit `k`), the inter term, then sweep the column sub-tiles `J <= R`, forming
+//! the `S x S` score block (pairs spread over units) and adding `A v` into per-unit
+//! accumulators. No plane operations, no atomics: deterministic.
+//!
+//! Loops: `chunk_states` walks all of `T`, so its loops over `D` are unrolled (`head_dim` is
+//! comptime) and only `O(T)` runtime iterations remain (about `3 T` per unit: Mesa's lavapipe
+//! silently stops a shader after 65,535 loop iterations, so on lavapipe it is good up to
+//! `T` ≈ 20K). `chunk_output` sees at most `L` tokens per cube, so its loops stay runtime loops
+//! (at most ~`L D` + `L^2` iterations per unit) and the shader stays small and quick to compile;
+//! the chunk size is a runtime scalar, so one compiled pair of kernels serves every chunk size.
+//!
+//! Extra memory: the chunk-start states, `[B, H, ceil(T / L), D, D]` f32 (`D / L` times the size
+//! of one f32 input), freed after the forward; under autodiff only the inputs and the bundled
+//! output are saved, as for the recurrent kernel.
+//!
+//! # Backward
+//!
+//! The transpose of the same chunk algorithm, four kernels, exact (no approximation). Scratch:
+//! the chunk-start states and their gradients (`2 x [B, H, ceil(T / L), D, D]` f32), the
+//! within-chunk cumulative gates (`[B, T, H, D]` f32) and `dq`/`dk` (`[2, B, T, H, D]`). With `G^(n)` the gradient of
+//! chunk `n`'s end state (`G^(N-1) = dC_T`, the gradient of the returned final state) and
+//! `dy_t` the gradient of `y_t`, differentiating the three lines of the forward gives
+//!
+//! ```text
+//! dC^(n)   = Diag(e^{b_last}) G^(n) + sum_t (q_t ⊙ e^{b_t}) dy_t^T     (= G^(n-1); dC_0 for n = 0)
+//! dq_t[k]  = e^{b_t[k]} (C^(n) dy_t)[k] + sum_{j<t} dA[t, j] k_j[k] e^{b_t[k] - b_j[k]}
+//! dk_j[k]  = sum_{t>j} dA[t, j] q_t[k] e^{b_t[k] - b_j[k]} + e^{b_last[k] - b_j[k]} (G^(n) v_j)[k]
+//! dv_j[c]  = dy_j[c] + sum_{t>j} A[t, j] dy_t[c] + sum_k k_j[k] e^{b_last[k] - b_j[k]} G^(n)[k, c]
+//! dA[t, j] = dy_t · v_j
+//! ```
+//!
+//! (the first line is the state gradient carried backwards through a chunk; the others are the
+//! product rule on the inter term, the intra term and the state update). The log gates need no
+//! kernel: every term of the output and final state carries `e^{B_t - B_j}` in the global
+//! cumulative gates `B`, with `q_t` on the `t` side and `k_j` on the `j` side, so
+//! `dL/dB_t = q_t ⊙ dq_t - k_t ⊙ dk_t` (plus `sum_c dC_T[:, c] ⊙ C_T[:, c]` at `t = T`) and
+//! `dg_s = sum_{t >= s} dL/dB_t`, a reverse cumulative sum done with tensor operations, shared
+//! with the recurrent backward.
+//!
+//! | kernel | grid | computes |
+//! |---|---|---|
+//! | `chunk_states` (again) | `(b, h)` | the chunk-start states `C^(n)` (not kept by the forward) |
+//! | `chunk_dstates` | `(b, h)`, reverse over chunks | every `G^(n)`, `dC_0`, and the within-chunk cumulative gates `b` (f32, `[B, T, H, D]`) |
+//! | `chunk_dqk` | `(chunk, b, h)` | `dq`, `dk` (unit `k` owns channel `k`, so its exponentials are its own; `dA` for the chunk in shared memory) |
+//! | `chunk_dv` | `(chunk, b, h)` | `dv` (unit `c` owns value column `c`; `A` for the chunk in shared memory) |
+//!
+//! Only the first two walk the sequence; they cost `O(D)` per token and unit, like the forward's
+//! state pass (about `3 T` runtime loop iterations per unit, loops over `D` unrolled). The
+//! per-chunk kernels loop at runtime (at most ~`L^2 + 2 L D` iterations per unit, under
+//! lavapipe's cap for `D <= 256`), hold `L x L` (at most 64 x 64, 16 KiB) f32 scores and
+//! run `D` units rounded up to a multiple of 32 (the extra units only help with the scores):
+//! on Mesa 22's lavapipe a 60-unit cube computed wrong values in its last, partial 8-lane group
+//! here (found by the NaN-poisoned tests; rounding up fixed it, the cause was not pinned down).
+//!
+//! # Shapes
+//! - `q`, `k`, `v`, `g`: `[B, T, H, D]` (contiguous)
+//! - `h0`: `[B, H, D, D]`
+//! - output: `[B, H, T + D, D]`, rows `0..T` are `y` (heads first), rows `T..T + D` the final
+//!   state `C_T[k, c]` — the bundled layout of the recurrent kernel.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
+use cubecl::{client::Client, prelude::*};
+
+use super::{empty_like, empty_like_dtype};
+use crate::launches;
+
+/// Largest sub-tile edge of `chunk_output`.
+const MAX_SUB: usize = 16;
+
+/// Sequential pass over the chunks: chunk-start states and the final state.
+///
+/// One cube per `(b, h)`; unit `u` owns column `u` of the state and, for the per-channel work,
+/// channel `u` (`decay[u] = e^{b_last[u]}`, column `u` of the decayed-key tile).
+#[cube(launch)]
+fn chunk_states_kernel<F: Float>(
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    h0: &Tensor<F>,
+    states: &mut Tensor<f32>,
+    out: &mut Tensor<F>,
+    chunk: u32,
+    #[comptime] head_dim: usize,
+    #[comptime] sub: usize,
+    #[comptime] write_final: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = k.shape(1);
+    let heads = k.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let chunk = chunk as usize;
+    let n_chunks = seq.div_ceil(chunk);
+    let states_base = bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
+    let u = UNIT_POS_X as usize;
+
+    let mut st = Array::<f32>::new(head_dim); // C[:, u]
+    #[unroll]
+    for kk in 0..head_dim {
+        st[kk] = f32::cast_from(h0[bh * head_dim * head_dim + kk * head_dim + u]);
+    }
+    let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
+    let mut kd = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // k_j ⊙ e^{b_last - b_j}
+
+    for n in 0..n_chunks {
+        let c0 = n * chunk;
+        let mut end = c0 + chunk;
+        if end > seq {
+            end = seq;
+        }
+        // The chunk-start state C^(n), column u.
+        #[unroll]
+        for kk in 0..head_dim {
+            states[states_base + (n * head_dim + kk) * head_dim + u] = st[kk];
+        }
+        // b_last for channel u.
+        let mut total = f32::new(0.0);
+        for t in c0..end {
+            total += f32::cast_from(g[base + t * row_stride + u]);
+        }
+        decay[u] = total.exp();
+        sync_cube();
+        #[unroll]
+        for kk in 0..head_dim {
+            st[kk] *= decay[kk];
+        }
+        let mut running = f32::new(0.0); // b_j for channel u
+        for js in 0..(end - c0).div_ceil(sub) {
+            let j0 = c0 + js * sub;
+            for jj in 0..sub {
+                let j = j0 + jj;
+                let mut x = f32::new(0.0);
+                if j < end {
+                    running += f32::cast_from(g[base + j * row_stride + u]);
+                    x = f32::cast_from(k[base + j * row_stride + u]) * (total - running).exp();
+                }
+                kd[jj * head_dim + u] = x;
+            }
+            sync_cube();
+            for jj in 0..sub {
+                let j = j0 + jj;
+                if j < end {
+                    let vj = f32::cast_from(v[base + j * row_stride + u]);
+                    #[unroll]
+                    for kk in 0..head_dim {
+                        st[kk] += kd[jj * head_dim + kk] * vj;
+                    }
+                }
+            }
+            sync_cube();
+        }
+    }
+    if comptime!(write_final) {
+        #[unroll]
+        for kk in 0..head_dim {
+            out[out_base + (seq + kk) * head_dim + u] = F::cast_from(st[kk]);
+        }
+    }
+}
+
+/// One chunk's outputs from its start state: inter-chunk plus strictly-lower intra-chunk terms.
+///
+/// One cube per `(chunk, b, h)`; unit `u` owns output column `u` and channel `u` of the
+/// per-channel tiles.
+#[cube(launch)]
+fn chunk_output_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    g: &Tensor<F>,
+    states: &Tensor<f32>,
+    out: &mut Tensor<F>,
+    chunk: u32,
+    #[comptime] head_dim: usize,
+    #[comptime] sub: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let n = CUBE_POS_X as usize;
+    let bh = CUBE_POS_Y as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let chunk = chunk as usize;
+    let n_chunks = seq.div_ceil(chunk);
+    let state_base = (bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
+    let c0 = n * chunk;
+    let mut end = c0 + chunk;
+    if end > seq {
+        end = seq;
+    }
+
+    let mut st = Array::<f32>::new(head_dim); // C^(n)[:, u]
+    for kk in 0..head_dim {
+        st[kk] = states[state_base + kk * head_dim + u];
+    }
+    let mut b_row = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // b_t, rows of R
+    let mut qe = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // q_t ⊙ e^{b_t}
+    let mut b_col = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // b_j, rows of J
+    let mut scores = Shared::<[f32]>::new_slice(comptime!(sub * sub)); // A[t, j], R x J
+    let mut y = Array::<f32>::new(sub);
+    let mut vj = Array::<f32>::new(sub);
+
+    for rs in 0..(end - c0).div_ceil(sub) {
+        let r0 = c0 + rs * sub;
+        // b_t and q_t ⊙ e^{b_t} for the rows of R, channel u.
+        let mut running = f32::new(0.0);
+        for t in c0..r0 {
+            running += f32::cast_from(g[base + t * row_stride + u]);
+        }
+        for tt in 0..sub {
+            let t = r0 + tt;
+            let mut bt = f32::new(0.0);
+            let mut x = f32::new(0.0);
+            if t < end {
+                running += f32::cast_from(g[base + t * row_stride + u]);
+                bt = running;
+                x = f32::cast_from(q[base + t * row_stride + u]) * running.exp();
+            }
+            b_row[tt * head_dim + u] = bt;
+            qe[tt * head_dim + u] = x;
+        }
+        sync_cube();
+
+        // Own value and the inter-chunk term: v_t[u] + sum_k q_t[k] e^{b_t[k]} C^(n)[k, u].
+        for tt in 0..sub {
+            let t = r0 + tt;
+            let mut acc = f32::new(0.0);
+            if t < end {
+                acc = f32::cast_from(v[base + t * row_stride + u]);
+                for kk in 0..head_dim {
+                    acc += qe[tt * head_dim + kk] * st[kk];
+                }
+            }
+            y[tt] = acc;
+        }
+
+        // Intra-chunk: column sub-tiles J = c0 .. R (inclusive), strictly lower pairs only.
+        let mut running_j = f32::new(0.0);
+        for js in 0..rs + 1 {
+            let j0 = c0 + js * sub;
+            for jj in 0..sub {
+                let j = j0 + jj;
+                let mut bj = f32::new(0.0);
+                let mut vv = f32::new(0.0);
+                if j < end {
+                    running_j += f32::cast_from(g[base + j * row_stride + u]);
+                    bj = running_j;
+                    vv = f32::cast_from(v[base + j * row_stride + u]);
+                }
+                b_col[jj * head_dim + u] = bj;
+                vj[jj] = vv;
+            }
+            sync_cube();
+            let mut idx = u;
+            while idx < comptime!(sub * sub) {
+                let tt = idx / sub;
+                let jj = idx % sub;
+                let t = r0 + tt;
+                let j = j0 + jj;
+                let mut a = f32::new(0.0);
+                if j < t && t < end {
+                    let qrow = base + t * row_stride;
+                    let krow = base + j * row_stride;
+                    for kk in 0..head_dim {
+                        // b_t - b_j <= 0 for j < t: no overflow, whatever the gates.
+                        let decay = (b_row[tt * head_dim + kk] - b_col[jj * head_dim + kk]).exp();
+                        a += f32::cast_from(q[qrow + kk]) * f32::cast_from(k[krow + kk]) * decay;
+                    }
+                }
+                scores[idx] = a;
+                idx += units;
+            }
+            sync_cube();
+            for tt in 0..sub {
+                let mut acc = y[tt];
+                for jj in 0..sub {
+                    acc += scores[tt * sub + jj] * vj[jj];
+                }
+                y[tt] = acc;
+            }
+            sync_cube();
+        }
+
+        for tt in 0..sub {
+            let t = r0 + tt;
+            if t < end {
+                out[out_base + t * head_dim + u] = F::cast_from(y[tt]);
+            }
+        }
+    }
+}
+
+/// Sub-tile edge of `chunk_output` for head dim `head_dim`: the largest power of two
+/// `<= min(16, chunk)` whose three `S x D` tiles and `S x S` scores fit the shared memory.
+fn sub_tile(client: &Client, head_dim: usize, chunk: usize) -> usize {
+    let budget = client
+        .properties()
+        .hardware
+        .max_shared_memory_size
+        .saturating_sub(1024);
+    [16, 8, 4, 2, 1]
+        .into_iter()
+        .filter(|&s| s <= MAX_SUB.min(chunk))
+        .find(|&s| (3 * s * head_dim + s * s) * 4 <= budget)
+        .unwrap_or(1)
+}
+
+/// Forward: `[B, H, T + D, D]` bundle of `y` (heads first) and the final state.
+///
+/// # Shapes
+/// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`
+/// - output: `[B, H, T + D, D]`
+pub(crate) fn forward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    g: CubeTensor,
+    h0: CubeTensor,
+    chunk: usize,
+) -> CubeTensor {
+    debug_assert!(crate::CHUNK_SIZES.contains(&chunk), "chunk size {chunk}");
+    launches::record(&launches::CHUNK_LINEAR_RELATION_FWD);
+    let (q, k, v, g, h0) = (
+        into_contiguous(q),
+        into_contiguous(k),
+        into_contiguous(v),
+        into_contiguous(g),
+        into_contiguous(h0),
+    );
+    let dims = q.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let n_chunks = t.div_ceil(chunk);
+    let client = q.client.clone();
+    let dtype = dtype_to_storage_type(q.dtype);
+    let sub = sub_tile(&client, d, chunk);
+    let out = empty_like(&q, Shape::new([b, h, t + d, d]));
+    let states = empty_like_dtype(&q, Shape::new([b, h, n_chunks, d, d]), DType::F32);
+    chunk_states_kernel::launch(
+        &client,
+        CubeCount::Static((b * h) as u32, 1, 1),
+        CubeDim::new_1d(d as u32),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        g.clone().into_tensor_arg(),
+        h0.into_tensor_arg(),
+        states.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        chunk as u32,
+        d,
+        sub,
+        true,
+        dtype,
+    );
+    chunk_output_kernel::launch(
+        &client,
+        CubeCount::Static(n_chunks as u32, (b * h) as u32, 1),
+        CubeDim::new_1d(d as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        g.into_tensor_arg(),
+        states.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        chunk as u32,
+        d,
+        sub,
+        dtype,
+    );
+    out
+}
+
+/// Largest chunk of the backward kernels (their `L x L` score matrices live in shared memory).
+const MAX_CHUNK: usize = 64;
+
+/// Backward, sequential in reverse over the chunks: the gradient of every chunk-end state, the
+/// gradient of `C_0`, and the within-chunk cumulative gates `b` (f32) for the per-chunk kernels.
+///
+/// One cube per `(b, h)`; unit `u` owns column `u` of the state gradient and channel `u` of the
+/// per-channel work.
+#[cube(launch)]
+fn chunk_dstates_kernel<F: Float>(
+    q: &Tensor<F>,
+    g: &Tensor<F>,
+    d_out: &Tensor<F>,
+    dstates: &mut Tensor<f32>,
+    dh0: &mut Tensor<F>,
+    bcum: &mut Tensor<f32>,
+    chunk: u32,
+    #[comptime] head_dim: usize,
+    #[comptime] sub: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let chunk = chunk as usize;
+    let n_chunks = seq.div_ceil(chunk);
+    let states_base = bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
+    let u = UNIT_POS_X as usize;
+
+    let mut grad = Array::<f32>::new(head_dim); // dC[:, u], from dC_T
+    #[unroll]
+    for kk in 0..head_dim {
+        grad[kk] = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + u]);
+    }
+    let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
+    let mut qe = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // q_t ⊙ e^{b_t}
+
+    for back in 0..n_chunks {
+        let n = n_chunks - 1 - back;
+        let c0 = n * chunk;
+        let mut end = c0 + chunk;
+        if end > seq {
+            end = seq;
+        }
+        // Gradient of the chunk-end state C^(n+1), column u.
+        #[unroll]
+        for kk in 0..head_dim {
+            dstates[states_base + (n * head_dim + kk) * head_dim + u] = grad[kk];
+        }
+        // b_t for channel u, stored for the per-chunk kernels; b_last.
+        let mut running = f32::new(0.0);
+        for t in c0..end {
+            running += f32::cast_from(g[base + t * row_stride + u]);
+            bcum[base + t * row_stride + u] = running;
+        }
+        decay[u] = running.exp();
+        sync_cube();
+        #[unroll]
+        for kk in 0..head_dim {
+            grad[kk] *= decay[kk];
+        }
+        // + sum_t (q_t ⊙ e^{b_t}) dy_t[u].
+        let mut running = f32::new(0.0);
+        for ts in 0..(end - c0).div_ceil(sub) {
+            let t0 = c0 + ts * sub;
+            for tt in 0..sub {
+                let t = t0 + tt;
+                let mut x = f32::new(0.0);
+                if t < end {
+                    running += f32::cast_from(g[base + t * row_stride + u]);
+                    x = f32::cast_from(q[base + t * row_stride + u]) * running.exp();
+                }
+                qe[tt * head_dim + u] = x;
+            }
+            sync_cube();
+            for tt in 0..sub {
+                let t = t0 + tt;
+                if t < end {
+                    let dy = f32::cast_from(d_out[out_base + t * head_dim + u]);
+                    #[unroll]
+                    for kk in 0..head_dim {
+                        grad[kk] += qe[tt * head_dim + kk] * dy;
+                    }
+                }
+            }
+            sync_cube();
+        }
+    }
+    #[unroll]
+    for kk in 0..head_dim {
+        dh0[bh * head_dim * head_dim + kk * head_dim + u] = F::cast_from(grad[kk]);
+    }
+}
+
+/// Backward, one cube per `(chunk, b, h)`: `dq` and `dk` of the chunk's tokens, unit `u` owning
+/// channel `u` (every exponential is then per-unit), with the chunk's `dy_t · v_j` matrix in
+/// shared memory. Writes `dq` then `dk` into one `[2, B, T, H, D]` output (8 buffers at most).
+#[cube(launch)]
+fn chunk_dqk_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    v: &Tensor<F>,
+    d_out: &Tensor<F>,
+    bcum: &Tensor<f32>,
+    states: &Tensor<f32>,
+    dstates: &Tensor<f32>,
+    dqk: &mut Tensor<F>,
+    chunk: u32,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let batches = q.shape(0);
+    let n = CUBE_POS_X as usize;
+    let bh = CUBE_POS_Y as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let chunk = chunk as usize;
+    let n_chunks = seq.div_ceil(chunk);
+    let state_base = (bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
+    let dk_offset = batches * seq * row_stride; // [2, B, T, H, D]
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
+    let c0 = n * chunk;
+    let mut end = c0 + chunk;
+    if end > seq {
+        end = seq;
+    }
+    let len = end - c0;
+
+    // dA[t, j] = dy_t · v_j for j < t (zero elsewhere), t, j local to the chunk.
+    let mut da = Shared::<[f32]>::new_slice(comptime!(MAX_CHUNK * MAX_CHUNK));
+    let mut idx = u;
+    while idx < comptime!(MAX_CHUNK * MAX_CHUNK) {
+        let tt = idx / MAX_CHUNK;
+        let jj = idx % MAX_CHUNK;
+        let mut a = f32::new(0.0);
+        if jj < tt && tt < len {
+            let dy_row = out_base + (c0 + tt) * head_dim;
+            let v_row = base + (c0 + jj) * row_stride;
+            for c in 0..head_dim {
+                a += f32::cast_from(d_out[dy_row + c]) * f32::cast_from(v[v_row + c]);
+            }
+        }
+        da[idx] = a;
+        idx += units;
+    }
+    sync_cube();
+
+    // Units past D (the cube is rounded up) only helped with the scores.
+    if u < head_dim {
+        let b_last = bcum[base + (end - 1) * row_stride + u];
+        for tt in 0..len {
+            let t = c0 + tt;
+            let bt = bcum[base + t * row_stride + u];
+            let at = base + t * row_stride + u;
+            // dq_t[u] = e^{b_t} (C^(n) dy_t)[u] + sum_{j<t} dA[t, j] k_j[u] e^{b_t - b_j}
+            let mut cdy = f32::new(0.0);
+            let dy_row = out_base + t * head_dim;
+            for c in 0..head_dim {
+                cdy += states[state_base + u * head_dim + c] * f32::cast_from(d_out[dy_row + c]);
+            }
+            let mut dq = cdy * bt.exp();
+            for jj in 0..len {
+                if jj < tt {
+                    let j = c0 + jj;
+                    let bj = bcum[base + j * row_stride + u];
+                    dq += da[tt * MAX_CHUNK + jj]
+                        * f32::cast_from(k[base + j * row_stride + u])
+                        * (bt - bj).exp();
+                }
+            }
+            dqk[at] = F::cast_from(dq);
+            // dk_t[u] = sum_{s>t} dA[s, t] q_s[u] e^{b_s - b_t} + e^{b_last - b_t} (G v_t)[u]
+            let mut gv = f32::new(0.0);
+            let v_row = base + t * row_stride;
+            for c in 0..head_dim {
+                gv += dstates[state_base + u * head_dim + c] * f32::cast_from(v[v_row + c]);
+            }
+            let mut dk = gv * (b_last - bt).exp();
+            for ss in 0..len {
+                if ss > tt {
+                    let s = c0 + ss;
+                    let bs = bcum[base + s * row_stride + u];
+                    dk += da[ss * MAX_CHUNK + tt]
+                        * f32::cast_from(q[base + s * row_stride + u])
+                        * (bs - bt).exp();
+                }
+            }
+            dqk[dk_offset + at] = F::cast_from(dk);
+        }
+    }
+}
+
+/// Backward, one cube per `(chunk, b, h)`: `dv` of the chunk's tokens, unit `u` owning value
+/// column `u`, with the chunk's score matrix `A` in shared memory.
+#[cube(launch)]
+fn chunk_dv_kernel<F: Float>(
+    q: &Tensor<F>,
+    k: &Tensor<F>,
+    d_out: &Tensor<F>,
+    bcum: &Tensor<f32>,
+    dstates: &Tensor<f32>,
+    dv: &mut Tensor<F>,
+    chunk: u32,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let seq = q.shape(1);
+    let heads = q.shape(2);
+    let n = CUBE_POS_X as usize;
+    let bh = CUBE_POS_Y as usize;
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
+    let base = batch * seq * row_stride + head * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let chunk = chunk as usize;
+    let n_chunks = seq.div_ceil(chunk);
+    let state_base = (bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
+    let c0 = n * chunk;
+    let mut end = c0 + chunk;
+    if end > seq {
+        end = seq;
+    }
+    let len = end - c0;
+
+    // A[t, j] = sum_k q_t[k] k_j[k] e^{b_t[k] - b_j[k]} for j < t (zero elsewhere).
+    let mut scores = Shared::<[f32]>::new_slice(comptime!(MAX_CHUNK * MAX_CHUNK));
+    let mut idx = u;
+    while idx < comptime!(MAX_CHUNK * MAX_CHUNK) {
+        let tt = idx / MAX_CHUNK;
+        let jj = idx % MAX_CHUNK;
+        let mut a = f32::new(0.0);
+        if jj < tt && tt < len {
+            let t_row = base + (c0 + tt) * row_stride;
+            let j_row = base + (c0 + jj) * row_stride;
+            for kk in 0..head_dim {
+                let decay = (bcum[t_row + kk] - bcum[j_row + kk]).exp();
+                a += f32::cast_from(q[t_row + kk]) * f32::cast_from(k[j_row + kk]) * decay;
+            }
+        }
+        scores[idx] = a;
+        idx += units;
+    }
+    sync_cube();
+
+    // Units past D (the cube is rounded up) only helped with the scores.
+    if u < head_dim {
+        let last_row = base + (end - 1) * row_stride;
+        for jj in 0..len {
+            let j = c0 + jj;
+            let j_row = base + j * row_stride;
+            // dv_j[u] = dy_j[u] + sum_{t>j} A[t, j] dy_t[u] + sum_k k_j[k] e^{b_last[k] - b_j[k]} G[k, u]
+            let mut acc = f32::cast_from(d_out[out_base + j * head_dim + u]);
+            for tt in 0..len {
+                if tt > jj {
+                    acc += scores[tt * MAX_CHUNK + jj]
+                        * f32::cast_from(d_out[out_base + (c0 + tt) * head_dim + u]);
+                }
+            }
+            for kk in 0..head_dim {
+                let decay = (bcum[last_row + kk] - bcum[j_row + kk]).exp();
+                acc +=
+                    f32::cast_from(k[j_row + kk]) * decay * dstates[state_base + kk * head_dim + u];
+            }
+            dv[j_row + u] = F::cast_from(acc);
+        }
+    }
+}
+
+/// Gradients `(dqk, dv, dh0)` of the chunked forward from the bundled output gradient, with
+/// `dqk` = `[2, B, T, H, D]` holding `dq` then `dk` (the gate gradient is formed by the caller
+/// from these, as for the recurrent kernels).
+///
+/// # Shapes
+/// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`; `d_out`: `[B, H, T + D, D]`
+/// - output: `dqk` `[2, B, T, H, D]`, `dv` `[B, T, H, D]`, `dh0` `[B, H, D, D]`
+pub(crate) fn backward(
+    q: CubeTensor,
+    k: CubeTensor,
+    v: CubeTensor,
+    g: CubeTensor,
+    h0: CubeTensor,
+    d_out: CubeTensor,
+    chunk: usize,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    debug_assert!(chunk <= MAX_CHUNK, "chunk size {chunk}");
+    launches::record(&launches::CHUNK_LINEAR_RELATION_BWD);
+    let (q, k, v, g, h0, d_out) = (
+        into_contiguous(q),
+        into_contiguous(k),
+        into_contiguous(v),
+        into_contiguous(g),
+        into_contiguous(h0),
+        into_contiguous(d_out),
+    );
+    let dims = q.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let n_chunks = t.div_ceil(chunk);
+    let client = q.client.clone();
+    let dtype = dtype_to_storage_type(q.dtype);
+    let sub = sub_tile(&client, d, chunk);
+    let per_head = CubeCount::Static((b * h) as u32, 1, 1);
+    let per_chunk = CubeCount::Static(n_chunks as u32, (b * h) as u32, 1);
+    let cube_dim = CubeDim::new_1d(d as u32);
+    // The per-chunk kernels run D units rounded up to a multiple of 32 (the extra units only
+    // share the score matrix): Mesa 22's lavapipe computed wrong values in the last, partial
+    // 8-lane group of a 60-unit cube here.
+    let cube_dim_chunk = CubeDim::new_1d(d.next_multiple_of(32) as u32);
+
+    // The chunk-start states again (the forward does not keep them).
+    let states = empty_like_dtype(&q, Shape::new([b, h, n_chunks, d, d]), DType::F32);
+    let unused = empty_like(&q, Shape::new([1]));
+    chunk_states_kernel::launch(
+        &client,
+        per_head.clone(),
+        cube_dim,
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        g.clone().into_tensor_arg(),
+        h0.into_tensor_arg(),
+        states.clone().into_tensor_arg(),
+        unused.into_tensor_arg(),
+        chunk as u32,
+        d,
+        sub,
+        false,
+        dtype,
+    );
+    let dstates = empty_like_dtype(&q, Shape::new([b, h, n_chunks, d, d]), DType::F32);
+    let dh0 = empty_like(&q, Shape::new([b, h, d, d]));
+    let bcum = empty_like_dtype(&q, dims.clone(), DType::F32);
+    chunk_dstates_kernel::launch(
+        &client,
+        per_head,
+        cube_dim,
+        q.clone().into_tensor_arg(),
+        g.into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        dstates.clone().into_tensor_arg(),
+        dh0.clone().into_tensor_arg(),
+        bcum.clone().into_tensor_arg(),
+        chunk as u32,
+        d,
+        sub,
+        dtype,
+    );
+    let dqk = empty_like(&q, Shape::new([2, b, t, h, d]));
+    chunk_dqk_kernel::launch(
+        &client,
+        per_chunk.clone(),
+        cube_dim_chunk,
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.into_tensor_arg(),
+        d_out.clone().into_tensor_arg(),
+        bcum.clone().into_tensor_arg(),
+        states.into_tensor_arg(),
+        dstates.clone().into_tensor_arg(),
+        dqk.clone().into_tensor_arg(),
+        chunk as u32,
+        d,
+        dtype,
+    );
+    let dv = empty_like(&q, dims);
+    chunk_dv_kernel::launch(
+        &client,
+        per_chunk,
+        cube_dim_chunk,
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        d_out.into_tensor_arg(),
+        bcum.into_tensor_arg(),
+        dstates.into_tensor_arg(),
+        dv.clone().into_tensor_arg(),
+        chunk as u32,
+        d,
+        dtype,
+    );
+    (dqk, dv, dh0)
+}

@@ -1,0 +1,331 @@
+//! The chunked Linear Relation kernels on `Device::wgpu` against the `relation-core` token loop
+//! on Flex: outputs, final state and every gradient over a covering set of lengths, chunk sizes,
+//! head dims, dtypes and initial states; gate extremes; state carry; chunked prefill then
+//! recurrent decoding; the chunk-size error.
+//!
+//! Covering set (not the full cross-product, to keep the binary fast on software Vulkan):
+//!
+//! | T | chunk | D | state | dtype | test |
+//! |---|---|---|---|---|---|
+//! | 1 | 16 | 48 | no | f32 | `chunk_f32_shapes` |
+//! | 63 | 32 | 60 | yes | f32 | `chunk_f32_shapes` |
+//! | 64 | 64 | 64 | yes | f32 | `chunk_f32_shapes` |
+//! | 65 | 64 | 80 | no | f32 | `chunk_f32_shapes` |
+//! | 65 | 16 | 64 | yes | f32 | `chunk_f32_shapes` |
+//! | 1000 | 64, 16 | 64, 48 | yes, no | f32 | `chunk_f32_long_sequence` |
+//! | 63, 65 | 32, 16 | 64, 80 | yes, no | f16 | `chunk_f16` |
+//! | 70 | 32 | 48 | yes | f32, gates -20 and 0 | `chunk_gate_extremes` |
+//! | 40 | 16 | 256 | yes | f32 | `chunk_head_dim_256` |
+
+use burn::tensor::{DType, Device, Tensor};
+use relation_core::testing::{Check, assert_close, tolerance};
+use relation_core::{DEFAULT_TAU, LinearRelationOutput};
+use relation_kernels::{
+    CHUNK_SIZES, KernelError, Strategy, chunk_linear_relation, debug, launches, linear_relation,
+    recurrent_linear_relation_step,
+};
+
+use crate::common::{to_flex, wgpu};
+use crate::linear_relation::{On, case, reference};
+
+fn run(x: &On, chunk: usize, strategy: Strategy) -> LinearRelationOutput {
+    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+    chunk_linear_relation(
+        p1,
+        p2,
+        info,
+        gates,
+        DEFAULT_TAU,
+        x.state.clone(),
+        chunk,
+        strategy,
+    )
+    .unwrap()
+}
+
+/// Forward (and, when `grads`, every gradient) of the chunked kernel against the token loop.
+fn check_case(
+    dims: [usize; 4],
+    chunk: usize,
+    dtype: DType,
+    seed: u64,
+    gate: (f64, f64),
+    with_state: bool,
+    grads: bool,
+) {
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let flex = Device::flex();
+    let what = format!("{dims:?} chunk {chunk} {dtype:?} gates {gate:?} state {with_state}");
+    let c = case(dims, seed, gate, with_state, dtype);
+    let (fwd_tol, grad_tol) = (
+        tolerance(dtype, Check::Forward),
+        tolerance(dtype, Check::Gradient),
+    );
+
+    let before = launches::chunk_linear_relation_forward();
+    let fused = run(&c.on(&device, dtype, false), chunk, Strategy::Fused);
+    let expected = reference(&c.on(&flex, DType::F32, false));
+    let (y, state) = (to_flex(fused.y), to_flex(fused.state)); // read before the counter
+    assert_close(&format!("Y {what}"), &y, &expected.y, fwd_tol);
+    assert_close(&format!("state {what}"), &state, &expected.state, fwd_tol);
+    assert!(
+        launches::chunk_linear_relation_forward() > before,
+        "{what}: the chunked forward did not run"
+    );
+    if !grads {
+        return;
+    }
+
+    let ad = device.clone().autodiff();
+    let x = c.on(&ad, dtype, true);
+    let (fwd_before, bwd_before) = (
+        launches::chunk_linear_relation_forward(),
+        launches::chunk_linear_relation_backward(),
+    );
+    let out = run(&x, chunk, Strategy::Fused);
+    let grads = c.loss(&out, &ad, dtype).backward();
+    let flex_ad = flex.clone().autodiff();
+    let r = c.on(&flex_ad, DType::F32, true);
+    let ref_grads = c.loss(&reference(&r), &flex_ad, DType::F32).backward();
+    for (i, name) in ["dp1", "dp2", "dI", "dlog_alpha"].iter().enumerate() {
+        let got = to_flex(x.inputs[i].grad(&grads).unwrap());
+        assert_close(
+            &format!("{name} {what}"),
+            &got,
+            &r.inputs[i].grad(&ref_grads).unwrap(),
+            grad_tol,
+        );
+    }
+    if let (Some(s), Some(rs)) = (&x.state, &r.state) {
+        let got = to_flex(s.grad(&grads).unwrap());
+        assert_close(
+            &format!("dstate {what}"),
+            &got,
+            &rs.grad(&ref_grads).unwrap(),
+            grad_tol,
+        );
+    }
+    assert!(
+        launches::chunk_linear_relation_forward() > fwd_before,
+        "{what}: the chunked forward did not run under autodiff"
+    );
+    assert!(
+        launches::chunk_linear_relation_backward() > bwd_before,
+        "{what}: the chunked backward did not run"
+    );
+}
+
+#[test]
+fn chunk_f32_shapes() {
+    check_case([1, 1, 2, 48], 16, DType::F32, 21, (-1.0, 0.0), false, true);
+    check_case([2, 63, 2, 60], 32, DType::F32, 22, (-1.0, 0.0), true, true);
+    check_case([1, 64, 2, 64], 64, DType::F32, 23, (-2.0, 0.0), true, true);
+    check_case([2, 65, 1, 80], 64, DType::F32, 24, (-1.0, 0.0), false, true);
+    check_case([1, 65, 2, 64], 16, DType::F32, 25, (-1.0, 0.0), true, true);
+}
+
+#[test]
+fn chunk_f32_long_sequence() {
+    check_case(
+        [1, 1000, 2, 64],
+        64,
+        DType::F32,
+        26,
+        (-0.5, 0.0),
+        true,
+        true,
+    );
+    check_case(
+        [1, 1000, 1, 48],
+        16,
+        DType::F32,
+        27,
+        (-0.1, 0.0),
+        false,
+        false,
+    );
+}
+
+#[test]
+fn chunk_f16() {
+    assert!(
+        wgpu().supports_dtype(DType::F16),
+        "this wgpu adapter has no f16 support"
+    );
+    check_case([1, 63, 2, 64], 32, DType::F16, 28, (-1.0, 0.0), true, true);
+    check_case([2, 65, 1, 80], 16, DType::F16, 29, (-1.0, 0.0), false, true);
+}
+
+#[test]
+fn chunk_gate_extremes() {
+    // Strong decay (log gates near -20: cumulative gates near -1300 in a chunk of 64) and no
+    // decay at all stay finite and exact.
+    check_case(
+        [1, 70, 2, 48],
+        32,
+        DType::F32,
+        30,
+        (-20.5, -19.5),
+        true,
+        true,
+    );
+    check_case(
+        [1, 130, 1, 48],
+        64,
+        DType::F32,
+        31,
+        (-20.5, -19.5),
+        false,
+        false,
+    );
+    check_case([1, 70, 2, 48], 32, DType::F32, 32, (0.0, 0.0), true, true);
+}
+
+#[test]
+fn chunk_head_dim_256() {
+    // D = 256: the output kernel's sub-tiles shrink to fit the device's shared memory; the
+    // backward's per-chunk kernels run 256 units.
+    check_case([1, 40, 1, 256], 16, DType::F32, 33, (-1.0, 0.0), true, true);
+}
+
+#[test]
+fn chunk_matches_the_recurrent_kernel() {
+    // Same function, two algorithms: every chunk size against the fused token loop.
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let tol = tolerance(DType::F32, Check::Forward);
+    let c = case([1, 100, 2, 60], 34, (-1.0, 0.0), true, DType::F32);
+    let x = c.on(&device, DType::F32, false);
+    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+    let recurrent = linear_relation(
+        p1,
+        p2,
+        info,
+        gates,
+        DEFAULT_TAU,
+        x.state.clone(),
+        Strategy::Fused,
+    )
+    .unwrap();
+    for &chunk in CHUNK_SIZES {
+        let out = run(&x, chunk, Strategy::Fused);
+        assert_close(&format!("chunk {chunk} Y"), &out.y, &recurrent.y, tol);
+        assert_close(
+            &format!("chunk {chunk} state"),
+            &out.state,
+            &recurrent.state,
+            tol,
+        );
+    }
+}
+
+#[test]
+fn chunk_state_carry_and_decoding() {
+    debug::poison_outputs(true);
+    let device = wgpu();
+    let tol = tolerance(DType::F32, Check::Forward);
+    let (seq, split) = (90, 37);
+    let c = case([1, seq, 2, 60], 35, (-1.0, 0.0), true, DType::F32);
+    let x = c.on(&device, DType::F32, false);
+    let whole = run(&x, 32, Strategy::Fused);
+    let part = |from: usize, len: usize| -> [Tensor<4>; 4] {
+        [0, 1, 2, 3].map(|i| x.inputs[i].clone().narrow(1, from, len))
+    };
+
+    // x1 then x2 from the carried state == x1 ++ x2 (split inside a chunk).
+    let [p1, p2, info, gates] = part(0, split);
+    let first = chunk_linear_relation(
+        p1,
+        p2,
+        info,
+        gates,
+        DEFAULT_TAU,
+        x.state.clone(),
+        32,
+        Strategy::Fused,
+    )
+    .unwrap();
+    let [p1, p2, info, gates] = part(split, seq - split);
+    let second = chunk_linear_relation(
+        p1,
+        p2,
+        info,
+        gates,
+        DEFAULT_TAU,
+        Some(first.state.clone()),
+        16,
+        Strategy::Fused,
+    )
+    .unwrap();
+    assert_close(
+        "carry: Y",
+        &Tensor::cat(vec![first.y.clone(), second.y], 1),
+        &whole.y,
+        tol,
+    );
+    assert_close("carry: state", &second.state, &whole.state, tol);
+
+    // Prefill x1 with the chunk kernel, then decode token by token == one full pass.
+    let mut state = first.state;
+    let mut ys = vec![first.y];
+    for t in split..seq {
+        let [p1, p2, info, gates] = part(t, 1);
+        let out = recurrent_linear_relation_step(
+            p1,
+            p2,
+            info,
+            gates,
+            DEFAULT_TAU,
+            state,
+            Strategy::Fused,
+        )
+        .unwrap();
+        ys.push(out.y);
+        state = out.state;
+    }
+    assert_close("decode: Y", &Tensor::cat(ys, 1), &whole.y, tol);
+    assert_close("decode: state", &state, &whole.state, tol);
+}
+
+#[test]
+fn chunk_size_is_validated_on_every_device() {
+    let c = case([1, 8, 1, 48], 36, (-1.0, 0.0), false, DType::F32);
+    for device in [Device::flex(), wgpu()] {
+        let x = c.on(&device, DType::F32, false);
+        for bad in [0, 8, 48, 128] {
+            let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+            let err =
+                chunk_linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, bad, Strategy::Auto)
+                    .unwrap_err();
+            assert_eq!(
+                err,
+                KernelError::UnsupportedChunkSize {
+                    op: "chunk_linear_relation",
+                    chunk_size: bad,
+                    allowed: CHUNK_SIZES,
+                }
+            );
+            assert!(err.to_string().contains(&bad.to_string()), "{err}");
+        }
+    }
+}
+
+#[test]
+fn chunk_on_flex_uses_the_reference() {
+    let flex = Device::flex();
+    let c = case([1, 40, 2, 48], 37, (-1.0, 0.0), true, DType::F32);
+    let x = c.on(&flex, DType::F32, false);
+    let tol = tolerance(DType::F32, Check::Forward);
+    let expected = reference(&x);
+    for &chunk in CHUNK_SIZES {
+        let auto = run(&x, chunk, Strategy::Auto);
+        assert_close(&format!("flex Y {chunk}"), &auto.y, &expected.y, tol);
+        assert_close(
+            &format!("flex state {chunk}"),
+            &auto.state,
+            &expected.state,
+            tol,
+        );
+    }
+}
