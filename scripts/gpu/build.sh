@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build, here, what a lent GPU machine runs (it has no Rust toolchain and no network):
-# the kernel test binary and both benchmarks, with the `vulkan` feature (SPIR-V on a real GPU;
+# the kernel test binary, both benchmarks and the `relation` trainer, with the `vulkan` feature (SPIR-V on a real GPU;
 # the `cuda` runtime needs an LLVM bundle that cannot be downloaded here). Binaries are stripped
 # and xz-compressed into .gpu/ (git-ignored), with the Vulkan loader packages in .gl/.
 # Then, with the device tool: carry [".gpu", ".gl"], command `bash scripts/gpu/run.sh`.
@@ -11,15 +11,16 @@ mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 
 # One cargo invocation for everything, so features unify once (building the tests and the
-# examples separately compiles Burn twice). `cargo test --no-run` also builds the examples.
+# examples separately compiles Burn twice). `cargo test --no-run` also builds the examples, and
+# the `relation` binary (relation-train's tests run it).
 cargo test --release --workspace --features vulkan --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
-want={"kernels","flash_relation_bench","linear_relation_bench"}
+want={"kernels","flash_relation_bench","linear_relation_bench","relation"}
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
         print(m["target"]["name"], m["executable"])' > .gpu/binaries.txt
-[ "$(wc -l < .gpu/binaries.txt)" -eq 3 ] || { echo "expected 3 binaries, got: $(cat .gpu/binaries.txt)" >&2; exit 1; }
+[ "$(wc -l < .gpu/binaries.txt)" -eq 4 ] || { echo "expected 4 binaries, got: $(cat .gpu/binaries.txt)" >&2; exit 1; }
 while read -r name path; do
   strip -o ".gpu/$name" "$path"
   xz -T2 -6 -f ".gpu/$name"
