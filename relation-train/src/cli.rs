@@ -160,21 +160,23 @@ pub struct TrainArgs {
     pub sample_tokens: Option<usize>,
 }
 
+/// Copies each given flag into its config field; evaluates to the names of the flags given.
 macro_rules! set {
-    ($cfg:expr, $given:ident, $($flag:literal: $src:expr => $dst:expr),* $(,)?) => {
+    ($($flag:literal: $src:expr => $dst:expr),* $(,)?) => {{
+        let mut given: Vec<&'static str> = Vec::new();
         $(if let Some(v) = $src.clone() {
-            $given.push($flag);
+            given.push($flag);
             $dst = v.into();
         })*
-    };
+        given
+    }};
 }
 
 impl TrainArgs {
     /// Applies the flags to `cfg`; returns the names of the flags that change the run itself
     /// (refused on `--resume`).
     fn apply(&self, cfg: &mut RunConfig) -> Vec<&'static str> {
-        let mut fixed = Vec::new();
-        set!(cfg, fixed,
+        let mut fixed = set!(
             "--preset": self.preset => cfg.model.preset,
             "--pattern": self.pattern.clone().map(Some) => cfg.model.pattern,
             "--d-model": self.d_model.map(Some) => cfg.model.d_model,
@@ -199,13 +201,12 @@ impl TrainArgs {
             fixed.push("--data");
             cfg.data.sources = self.data.clone();
         }
-        let mut free = Vec::new();
         if !self.devices.is_empty() {
             cfg.devices = self.devices.clone();
         } else if self.device.is_some() {
             cfg.devices.clear();
         }
-        set!(cfg, free,
+        set!(
             "--device": self.device => cfg.device,
             "--cache-dir": self.cache_dir.clone().map(Some) => cfg.data.cache_dir,
             "--steps": self.steps => cfg.train.steps,

@@ -90,18 +90,15 @@ impl ModuleVisitor for ScaleGrads<'_> {
     }
 }
 
-/// The global L2 norm of all gradients, `sqrt(sum_p |g_p|^2)` (one read-back).
-pub fn global_grad_norm<M: Module>(model: &M, grads: &GradientsParams) -> f64 {
+/// The squared global L2 norm of all gradients, `sum_p |g_p|^2`, left on the device (the
+/// caller reads it back with the loss); `None` when there are no gradients.
+pub fn squared_grad_norm<M: Module>(model: &M, grads: &GradientsParams) -> Option<Tensor<1>> {
     let mut visitor = SquaredNorm {
         grads,
         parts: Vec::new(),
     };
     model.visit(&mut visitor);
-    if visitor.parts.is_empty() {
-        return 0.0;
-    }
-    let total = Tensor::cat(visitor.parts, 0).sum(); // [1]
-    (total.into_scalar::<f64>()).sqrt()
+    (!visitor.parts.is_empty()).then(|| Tensor::cat(visitor.parts, 0).sum()) // [1]
 }
 
 /// Scales all gradients so their global norm is at most `max_norm` (the standard LLM recipe;

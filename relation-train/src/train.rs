@@ -19,7 +19,7 @@ use crate::device::parse_device;
 use crate::error::io;
 use crate::evaluate::{EvalResult, evaluate};
 use crate::metrics::{Metrics, Row};
-use crate::optim::{adamw, clip_global_norm, global_grad_norm, token_nll, wsd_lr};
+use crate::optim::{adamw, clip_global_norm, squared_grad_norm, token_nll, wsd_lr};
 use crate::{Result, TrainError};
 
 /// Test hook: when set to a step number, that step's loss is replaced by NaN (to exercise the
@@ -149,7 +149,6 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let train_device = replicas[0].clone();
     train_device.seed(t.seed);
     let mut model = model_config.init(&train_device)?;
-    let mut optim = adamw(&model, &t);
     let mut step = 0u64;
     let mut tokens_seen = 0u64;
     let mut position = DataPosition { epoch: 0, index: 0 };
@@ -169,7 +168,6 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
             });
         }
         model = checkpoint::load_model(&dir, model)?;
-        optim = checkpoint::load_optim(&dir, adamw(&model, &t))?;
         step = state.step;
         tokens_seen = state.tokens_seen;
         position = state.position;
@@ -177,6 +175,12 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         last_checkpoint = dir.display().to_string();
         checkpoint_dir = dir;
         println!("resume: {} (step {step})", checkpoint_dir.display());
+    }
+    // Built after any resume: the loaded weights carry the saved parameter ids, which the
+    // weight-decay groups and the optimizer state are keyed by.
+    let mut optim = adamw(&model, &t);
+    if opts.resume {
+        optim = checkpoint::load_optim(&checkpoint_dir, optim)?;
     }
     let params = model.num_params();
     let accumulation = t.accumulation();
@@ -246,11 +250,18 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
             accumulator.accumulate(&model, grads);
         }
         let mut grads = accumulator.grads();
-        let mut loss = Tensor::cat(losses, 0).sum().into_scalar::<f64>();
+        // One read-back per step: the step's loss and the squared gradient norm together.
+        let loss_sum = Tensor::cat(losses, 0).sum(); // [1]
+        let norm_sq = squared_grad_norm(&model, &grads).unwrap_or_else(|| loss_sum.zeros_like());
+        let read: Vec<f32> = Tensor::cat(vec![loss_sum, norm_sq], 0)
+            .into_data()
+            .iter::<f32>()
+            .collect(); // [loss, |g|^2]
+        let mut loss = read[0] as f64;
         if poison_step == Some(step) {
             loss = f64::NAN;
         }
-        let grad_norm = global_grad_norm(&model, &grads);
+        let grad_norm = (read[1] as f64).sqrt();
         for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
             if !value.is_finite() {
                 bar.abandon();

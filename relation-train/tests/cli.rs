@@ -194,8 +194,15 @@ fn help_explains_every_flag() {
     ] {
         assert!(out.contains(flag), "train --help lacks {flag}");
     }
+    // Each subcommand has its own line in the top-level help ("eval" alone would also match
+    // "evaluate" in the description).
+    let top = ok(&["--help".into()]);
     for sub in ["train", "eval", "generate"] {
-        assert!(ok(&["--help".into()]).contains(sub));
+        assert!(
+            top.lines()
+                .any(|l| l.trim_start().starts_with(&format!("{sub} "))),
+            "--help lists no `{sub}` subcommand:\n{top}"
+        );
     }
 }
 
