@@ -2,18 +2,23 @@
 //! causal attention, at the same shapes, on the same device, in the same run.
 //!
 //! ```text
-//! cargo run --release -p relation-examples --example flash_relation_bench --features wgpu -- \
-//!     --device wgpu --seqs 256,512,1024,2048,4096 --iters 5 [--dtype f16] [--out table.md]
+//! cargo run --release -p relation-examples --example flash_relation_bench -- \
+//!     [--device flex|wgpu|vulkan|cuda] --seqs 256,512,1024,2048,4096 --batch 4 --heads 8 \
+//!     --head-dim 48 --iters 5 [--dtype f16] [--out table.md]
 //! ```
+//! (`--device wgpu` needs `--features wgpu`; the default is Flex, the CPU.)
 //!
 //! For each `T` it times the forward pass and a training step (forward + backward) of
-//! - **fused**: `relation_kernels::flash_relation` with `Strategy::Fused` (CubeCL devices only),
+//! - **fused**: `relation_kernels::flash_relation` with `Strategy::Fused` (the CubeCL kernels, or
+//!   the Flex CPU kernels),
 //! - **materialized**: `relation_core::naive_parallel_relation` (builds `R`, `T x T` per head),
 //! - **burn attention**: `burn::tensor::module::attention(.., is_causal)` (Burn's flash kernel
 //!   forward on CubeCL; its training falls back to the decomposed form),
 //!
-//! and the memory the device allocator holds after the forward pass with the autodiff graph
-//! alive (what a training step keeps for its backward). Ratios are against the fused kernel.
+//! the memory held after the forward pass with the autodiff graph alive (what a training step
+//! keeps for its backward; CubeCL devices only) and the peak memory of a training step (the
+//! device allocator's high-water mark on CubeCL, the process heap's on CPU backends). Ratios are
+//! against the fused kernel.
 //! Software Vulkan (lavapipe) timings are a correctness oracle, not GPU speed.
 
 use std::io::Write;
@@ -24,8 +29,14 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_parallel_relation};
-use relation_examples::{bytes_held_by, device_by_name, mib, ms, time_on};
-use relation_kernels::{Strategy, flash_relation, is_cube};
+use relation_examples::counting::Counting;
+use relation_examples::{
+    bytes_held_by, device_by_name, device_label, mib, ms, peak_bytes, time_on,
+};
+use relation_kernels::{Strategy, flash_relation, has_kernels};
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 
 struct Args {
     device: String,
@@ -41,7 +52,7 @@ struct Args {
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        device: "wgpu".into(),
+        device: "flex".into(),
         seqs: vec![256, 512, 1024, 2048, 4096],
         batch: 1,
         heads: 8,
@@ -144,6 +155,7 @@ struct Measure {
     forward: Duration,
     train: Duration,
     held_bytes: Option<u64>,
+    peak_bytes: Option<u64>,
 }
 
 fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure {
@@ -174,10 +186,16 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
     let held_bytes = bytes_held_by(device, || {
         run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad))
     });
+    let peak_bytes = peak_bytes(device, || {
+        let y = run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad));
+        let grads = y.sum().backward();
+        let _ = (p1.grad(&grads), p2.grad(&grads), info.grad(&grads));
+    });
     Measure {
         forward,
         train,
         held_bytes,
+        peak_bytes,
     }
 }
 
@@ -196,26 +214,23 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let methods: Vec<Method> = if is_cube(&device) {
+    let methods: Vec<Method> = if has_kernels(&device) {
         vec![Method::Fused, Method::Materialized, Method::BurnAttention]
     } else {
         vec![Method::Materialized, Method::BurnAttention]
     };
     let mut table = String::new();
     table += &format!(
-        "FlashRelation benchmark on {:?} ({}), B = {}, H = {}, D = {}, {:?}, mean of {} iterations\n\n",
-        device,
-        device
-            .identity()
-            .map_or("unknown adapter".into(), |i| i.name),
+        "FlashRelation benchmark on {}, B = {}, H = {}, D = {}, {:?}, mean of {} iterations\n\n",
+        device_label(&device),
         args.batch,
         args.heads,
         args.head_dim,
         args.dtype,
         args.iters
     );
-    table += "| T | method | forward ms | train ms | held after fwd MiB | fwd / fused | train / fused |\n";
-    table += "|---|---|---|---|---|---|---|\n";
+    table += "| T | method | forward ms | train ms | held after fwd MiB | train peak MiB | fwd / fused | train / fused |\n";
+    table += "|---|---|---|---|---|---|---|---|\n";
     print!("{table}");
     for &seq in &args.seqs {
         let mut fused: Option<Measure> = None;
@@ -230,11 +245,12 @@ fn main() {
                 })
             };
             let row = format!(
-                "| {seq} | {} | {} | {} | {} | {} | {} |\n",
+                "| {seq} | {} | {} | {} | {} | {} | {} | {} |\n",
                 method.name(),
                 ms(m.forward),
                 ms(m.train),
                 mib(m.held_bytes),
+                mib(m.peak_bytes),
                 ratio(m.forward, fused.as_ref().map(|f| f.forward)),
                 ratio(m.train, fused.as_ref().map(|f| f.train)),
             );

@@ -69,3 +69,93 @@ pub fn mib(bytes: Option<u64>) -> String {
         format!("{:.1}", b as f64 / (1 << 20) as f64)
     })
 }
+
+/// A short description of `device`: the adapter's name on wgpu, the thread count on CPUs.
+pub fn device_label(device: &Device) -> String {
+    #[cfg(feature = "wgpu")]
+    if let Some(identity) = device.identity() {
+        return format!("{device:?} ({})", identity.name);
+    }
+    format!(
+        "{device:?} ({} CPU threads)",
+        relation_kernels::cpu_threads()
+    )
+}
+
+/// A global allocator that counts the bytes in use and their high-water mark, so benchmarks can
+/// report the peak memory of CPU backends, which keep no pool statistics. A benchmark installs
+/// it with `#[global_allocator] static ALLOC: Counting = Counting;`.
+pub mod counting {
+    use std::alloc::{GlobalAlloc, Layout, System};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    static CURRENT: AtomicUsize = AtomicUsize::new(0);
+    static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+    /// The system allocator, counting.
+    pub struct Counting;
+
+    fn grew(bytes: usize) {
+        let now = CURRENT.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+
+    // SAFETY: every call forwards to `System` with the caller's layout unchanged; the counters
+    // are side bookkeeping that never touches the memory.
+    #[allow(unsafe_code)]
+    unsafe impl GlobalAlloc for Counting {
+        unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: forwarded as is (see the impl).
+            let ptr = unsafe { System.alloc(layout) };
+            if !ptr.is_null() {
+                grew(layout.size());
+            }
+            ptr
+        }
+
+        unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+            // SAFETY: forwarded as is (see the impl).
+            let ptr = unsafe { System.alloc_zeroed(layout) };
+            if !ptr.is_null() {
+                grew(layout.size());
+            }
+            ptr
+        }
+
+        unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+            // SAFETY: forwarded as is (see the impl).
+            unsafe { System.dealloc(ptr, layout) };
+            CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        }
+
+        unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+            // SAFETY: forwarded as is (see the impl).
+            let new = unsafe { System.realloc(ptr, layout, new_size) };
+            if !new.is_null() {
+                CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+                grew(new_size);
+            }
+            new
+        }
+    }
+
+    /// Peak bytes in use while `f` runs, above what was in use before it (needs [`Counting`]
+    /// installed as the global allocator; `None` otherwise).
+    pub fn peak_bytes_of(f: impl FnOnce()) -> Option<u64> {
+        let before = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        f();
+        let peak = PEAK.load(Ordering::Relaxed);
+        (peak > 0 || before > 0).then(|| peak.saturating_sub(before) as u64)
+    }
+}
+
+/// Peak working memory of `f` on `device`: the allocator's high-water mark on CubeCL devices
+/// ([`peak_reserved_by`]), the process heap's on CPU backends ([`counting::peak_bytes_of`]).
+pub fn peak_bytes(device: &Device, f: impl FnOnce()) -> Option<u64> {
+    if relation_kernels::is_cube(device) {
+        peak_reserved_by(device, f)
+    } else {
+        counting::peak_bytes_of(f)
+    }
+}

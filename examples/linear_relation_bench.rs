@@ -20,7 +20,13 @@ use std::time::Duration;
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
-use relation_examples::{bytes_held_by, device_by_name, mib, ms, peak_reserved_by, time_on};
+use relation_examples::counting::Counting;
+use relation_examples::{
+    bytes_held_by, device_by_name, device_label, mib, ms, peak_bytes, time_on,
+};
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
 use relation_kernels::{
     CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, linear_relation,
     recurrent_linear_relation_step,
@@ -39,7 +45,7 @@ struct Args {
 
 fn parse() -> Result<Args, String> {
     let mut args = Args {
-        device: "wgpu".into(),
+        device: "flex".into(),
         seqs: vec![1024, 2048, 4096],
         heads: 8,
         head_dim: 64,
@@ -166,7 +172,7 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
     };
     let train = time_on(device, args.iters, &mut step);
     let held = bytes_held_by(device, || run(&x));
-    let peak = peak_reserved_by(device, step);
+    let peak = peak_bytes(device, step);
     Row {
         forward,
         train,
@@ -189,14 +195,11 @@ fn main() {
         std::process::exit(2)
     });
     let mut table = format!(
-        "Linear Relation (chunked, recurrent) vs FlashRelation on {:?} ({}), B = 1, H = {}, D = {}, \
+        "Linear Relation (chunked, recurrent) vs FlashRelation on {}, B = 1, H = {}, D = {}, \
          chunk {}, f32\n\n\
          | T | method | fwd ms | train ms | held MiB | peak train MiB | fwd / chunk | train / chunk |\n\
          |---|---|---|---|---|---|---|---|\n",
-        device,
-        device
-            .identity()
-            .map_or("unknown adapter".into(), |i| i.name),
+        device_label(&device),
         args.heads,
         args.head_dim,
         args.chunk,

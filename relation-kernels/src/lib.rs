@@ -2,30 +2,39 @@
 //!
 //! Fast paths for the Relation family, written once in CubeCL so they serve every CubeCL runtime
 //! (wgpu/WGSL, Vulkan/SPIR-V, Metal, CUDA, ROCm, the CubeCL CPU runtime), behind a Burn backend
-//! extension ([`RelationOps`]). Devices without CubeCL (Flex, NdArray) run the `relation-core`
-//! reference of the same computation, so every function here works on every [`Device`], with and
-//! without autodiff.
+//! extension ([`RelationOps`]). Flex, the pure-Rust CPU backend, has its own fused multi-threaded
+//! kernels behind the same extension. Other devices (NdArray) run the `relation-core` reference
+//! of the same computation, so every function here works on every [`Device`], with and without
+//! autodiff.
 //!
 //! Each operation takes a [`Strategy`]: [`Strategy::Auto`] picks the fused kernel where one
-//! exists for the device and the reference elsewhere; tests force one or the other.
+//! exists for the device (CubeCL runtimes and Flex) and the reference elsewhere; tests force one
+//! or the other.
 //!
-//! | operation | reference (`relation-core`) | kernel |
-//! |---|---|---|
-//! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `cube::self_relation` |
-//! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `cube::flash_relation` |
-//! | [`linear_relation`], [`linear_relation_step`] (= [`recurrent_linear_relation_step`]), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `cube::linear_relation` (fused recurrent) |
-//! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `cube::chunk_linear_relation` (GLA-style chunked forward and backward) |
+//! | operation | reference (`relation-core`) | CubeCL kernel | Flex kernel |
+//! |---|---|---|---|
+//! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `self_relation/cube.rs` | `self_relation/flex.rs` |
+//! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `flash_relation/cube.rs` | `flash_relation/flex.rs` (tiled, online softmax, GEMM tiles, all cores) |
+//! | [`linear_relation`], [`linear_relation_step`] (= [`recurrent_linear_relation_step`]), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `linear_relation/cube_recurrent.rs` | `linear_relation/flex.rs` (state in cache, checkpointed scan, all cores) |
+//! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `linear_relation/cube_chunk.rs` (GLA-style chunked) | `linear_relation/flex.rs` (chunk-checkpointed scan) |
 //!
 //! [`Device`]: burn::tensor::Device
 
+// Layout: one folder per operation (`flash_relation/`, `linear_relation/`, `self_relation/`),
+// each holding its Tensor-level entry points (`mod.rs`), its CubeCL kernels (`cube*.rs`) and its
+// Flex kernels (`flex.rs`) side by side. `cube.rs` and `flex.rs` hold what each backend's
+// kernels share plus the one-line trait implementations; `ops.rs` is the trait, `autodiff.rs`
+// the backward passes for every backend.
 mod autodiff;
 #[cfg(feature = "cube")]
-pub mod cube;
+mod cube;
 mod error;
 mod flash_relation;
+#[cfg(feature = "flex")]
+mod flex;
 mod linear_relation;
-// Without CubeCL the generated extension code leaves the kernel parameters unused.
-#[cfg_attr(not(feature = "cube"), allow(unused_variables))]
+// Without any kernel backend the generated extension code leaves the kernel parameters unused.
+#[cfg_attr(not(any(feature = "cube", feature = "flex")), allow(unused_variables))]
 mod ops;
 mod self_relation;
 mod strategy;
@@ -38,7 +47,7 @@ pub use linear_relation::{
 };
 pub use ops::RelationOps;
 pub use self_relation::self_relation;
-pub use strategy::{Strategy, is_cube};
+pub use strategy::{Strategy, has_kernels, is_cube, is_flex};
 
 /// Number of fused-kernel launches so far in this process, per kernel family.
 ///
@@ -97,14 +106,35 @@ pub mod launches {
     }
 }
 
+/// Threads the CPU kernels (and Flex's own operations) run on: the size of the current rayon
+/// pool, which is every core unless `RAYON_NUM_THREADS` or an installed pool says otherwise.
+pub fn cpu_threads() -> usize {
+    #[cfg(feature = "flex")]
+    {
+        rayon::current_num_threads()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
 /// Debugging switches for tests.
 pub mod debug {
-    /// Fill every kernel output with NaN before launch, so that memory a kernel forgets to write
-    /// shows up as NaN in comparisons. Process-wide; costs one fill kernel per output.
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    static POISON: AtomicBool = AtomicBool::new(false);
+
+    /// Fill every kernel output with NaN before the kernel runs (CubeCL and Flex alike), so that
+    /// memory a kernel forgets to write shows up as NaN in comparisons. Process-wide; costs one
+    /// fill per output.
     pub fn poison_outputs(enabled: bool) {
-        #[cfg(feature = "cube")]
-        crate::cube::POISON.store(enabled, std::sync::atomic::Ordering::Relaxed);
-        #[cfg(not(feature = "cube"))]
-        let _ = enabled;
+        POISON.store(enabled, Ordering::Relaxed);
+    }
+
+    /// Whether outputs are poisoned (see [`poison_outputs`]).
+    #[allow(dead_code)]
+    pub(crate) fn poisoning() -> bool {
+        POISON.load(Ordering::Relaxed)
     }
 }

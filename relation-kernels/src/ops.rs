@@ -1,5 +1,5 @@
 //! The backend extension: one trait, implemented for the CubeCL backend (every runtime), its
-//! Fusion wrapper (generated) and Autodiff (hand-written backward passes).
+//! Fusion wrapper (generated), Flex (CPU kernels) and Autodiff (hand-written backward passes).
 
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
@@ -14,6 +14,7 @@ use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 #[backend_extension(
     Cube: cfg(feature = "cube"),
     Fusion: cfg(feature = "cube"),
+    Flex: cfg(feature = "flex"),
     Autodiff,
 )]
 pub trait RelationOps: Backend {

@@ -25,7 +25,7 @@ use relation_kernels::{
     recurrent_linear_relation_step,
 };
 
-use crate::common::{to_flex, wgpu};
+use crate::common::{devices, to_flex};
 use crate::linear_relation::{On, case, reference};
 
 fn run(x: &On, chunk: usize, strategy: Strategy) -> LinearRelationOutput {
@@ -45,6 +45,7 @@ fn run(x: &On, chunk: usize, strategy: Strategy) -> LinearRelationOutput {
 
 /// Forward (and, when `grads`, every gradient) of the chunked kernel against the token loop.
 fn check_case(
+    device: &Device,
     dims: [usize; 4],
     chunk: usize,
     dtype: DType,
@@ -54,7 +55,6 @@ fn check_case(
     grads: bool,
 ) {
     debug::poison_outputs(true);
-    let device = wgpu();
     let flex = Device::flex();
     let what = format!("{dims:?} chunk {chunk} {dtype:?} gates {gate:?} state {with_state}");
     let c = case(dims, seed, gate, with_state, dtype);
@@ -64,7 +64,7 @@ fn check_case(
     );
 
     let before = launches::chunk_linear_relation_forward();
-    let fused = run(&c.on(&device, dtype, false), chunk, Strategy::Fused);
+    let fused = run(&c.on(device, dtype, false), chunk, Strategy::Fused);
     let expected = reference(&c.on(&flex, DType::F32, false));
     let (y, state) = (to_flex(fused.y), to_flex(fused.state)); // read before the counter
     assert_close(&format!("Y {what}"), &y, &expected.y, fwd_tol);
@@ -116,182 +116,191 @@ fn check_case(
     );
 }
 
-#[test]
-fn chunk_f32_shapes() {
-    check_case([1, 1, 2, 48], 16, DType::F32, 21, (-1.0, 0.0), false, true);
-    check_case([2, 63, 2, 60], 32, DType::F32, 22, (-1.0, 0.0), true, true);
-    check_case([1, 64, 2, 64], 64, DType::F32, 23, (-2.0, 0.0), true, true);
-    check_case([2, 65, 1, 80], 64, DType::F32, 24, (-1.0, 0.0), false, true);
-    check_case([1, 65, 2, 64], 16, DType::F32, 25, (-1.0, 0.0), true, true);
+device_tests! {
+    fn chunk_f32_shapes(device) {
+        check_case(&device, [1, 1, 2, 48], 16, DType::F32, 21, (-1.0, 0.0), false, true);
+        check_case(&device, [2, 63, 2, 60], 32, DType::F32, 22, (-1.0, 0.0), true, true);
+        check_case(&device, [1, 64, 2, 64], 64, DType::F32, 23, (-2.0, 0.0), true, true);
+        check_case(&device, [2, 65, 1, 80], 64, DType::F32, 24, (-1.0, 0.0), false, true);
+        check_case(&device, [1, 65, 2, 64], 16, DType::F32, 25, (-1.0, 0.0), true, true);
+    }
 }
 
-#[test]
-fn chunk_f32_long_sequence() {
-    check_case(
-        [1, 1000, 2, 64],
-        64,
-        DType::F32,
-        26,
-        (-0.5, 0.0),
-        true,
-        true,
-    );
-    check_case(
-        [1, 1000, 1, 48],
-        16,
-        DType::F32,
-        27,
-        (-0.1, 0.0),
-        false,
-        false,
-    );
-}
-
-#[test]
-fn chunk_f16() {
-    assert!(
-        wgpu().supports_dtype(DType::F16),
-        "this wgpu adapter has no f16 support"
-    );
-    check_case([1, 63, 2, 64], 32, DType::F16, 28, (-1.0, 0.0), true, true);
-    check_case([2, 65, 1, 80], 16, DType::F16, 29, (-1.0, 0.0), false, true);
-}
-
-#[test]
-fn chunk_gate_extremes() {
-    // Strong decay (log gates near -20: cumulative gates near -1300 in a chunk of 64) and no
-    // decay at all stay finite and exact.
-    check_case(
-        [1, 70, 2, 48],
-        32,
-        DType::F32,
-        30,
-        (-20.5, -19.5),
-        true,
-        true,
-    );
-    check_case(
-        [1, 130, 1, 48],
-        64,
-        DType::F32,
-        31,
-        (-20.5, -19.5),
-        false,
-        false,
-    );
-    check_case([1, 70, 2, 48], 32, DType::F32, 32, (0.0, 0.0), true, true);
-}
-
-#[test]
-fn chunk_head_dim_256() {
-    // D = 256: the output kernel's sub-tiles shrink to fit the device's shared memory; the
-    // backward's per-chunk kernels run 256 units.
-    check_case([1, 40, 1, 256], 16, DType::F32, 33, (-1.0, 0.0), true, true);
-}
-
-#[test]
-fn chunk_matches_the_recurrent_kernel() {
-    // Same function, two algorithms: every chunk size against the fused token loop.
-    debug::poison_outputs(true);
-    let device = wgpu();
-    let tol = tolerance(DType::F32, Check::Forward);
-    let c = case([1, 100, 2, 60], 34, (-1.0, 0.0), true, DType::F32);
-    let x = c.on(&device, DType::F32, false);
-    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-    let recurrent = linear_relation(
-        p1,
-        p2,
-        info,
-        gates,
-        DEFAULT_TAU,
-        x.state.clone(),
-        Strategy::Fused,
-    )
-    .unwrap();
-    for &chunk in CHUNK_SIZES {
-        let out = run(&x, chunk, Strategy::Fused);
-        assert_close(&format!("chunk {chunk} Y"), &out.y, &recurrent.y, tol);
-        assert_close(
-            &format!("chunk {chunk} state"),
-            &out.state,
-            &recurrent.state,
-            tol,
+device_tests! {
+    fn chunk_f32_long_sequence(device) {
+        check_case(
+            &device,
+            [1, 1000, 2, 64],
+            64,
+            DType::F32,
+            26,
+            (-0.5, 0.0),
+            true,
+            true,
+        );
+        check_case(
+            &device,
+            [1, 1000, 1, 48],
+            16,
+            DType::F32,
+            27,
+            (-0.1, 0.0),
+            false,
+            false,
         );
     }
 }
 
-#[test]
-fn chunk_state_carry_and_decoding() {
-    debug::poison_outputs(true);
-    let device = wgpu();
-    let tol = tolerance(DType::F32, Check::Forward);
-    let (seq, split) = (90, 37);
-    let c = case([1, seq, 2, 60], 35, (-1.0, 0.0), true, DType::F32);
-    let x = c.on(&device, DType::F32, false);
-    let whole = run(&x, 32, Strategy::Fused);
-    let part = |from: usize, len: usize| -> [Tensor<4>; 4] {
-        [0, 1, 2, 3].map(|i| x.inputs[i].clone().narrow(1, from, len))
-    };
+device_tests! {
+    fn chunk_f16(device) {
+        assert!(
+            device.supports_dtype(DType::F16),
+            "this device has no f16 support"
+        );
+        check_case(&device, [1, 63, 2, 64], 32, DType::F16, 28, (-1.0, 0.0), true, true);
+        check_case(&device, [2, 65, 1, 80], 16, DType::F16, 29, (-1.0, 0.0), false, true);
+    }
+}
 
-    // x1 then x2 from the carried state == x1 ++ x2 (split inside a chunk).
-    let [p1, p2, info, gates] = part(0, split);
-    let first = chunk_linear_relation(
-        p1,
-        p2,
-        info,
-        gates,
-        DEFAULT_TAU,
-        x.state.clone(),
-        32,
-        Strategy::Fused,
-    )
-    .unwrap();
-    let [p1, p2, info, gates] = part(split, seq - split);
-    let second = chunk_linear_relation(
-        p1,
-        p2,
-        info,
-        gates,
-        DEFAULT_TAU,
-        Some(first.state.clone()),
-        16,
-        Strategy::Fused,
-    )
-    .unwrap();
-    assert_close(
-        "carry: Y",
-        &Tensor::cat(vec![first.y.clone(), second.y], 1),
-        &whole.y,
-        tol,
-    );
-    assert_close("carry: state", &second.state, &whole.state, tol);
+device_tests! {
+    fn chunk_gate_extremes(device) {
+        // Strong decay (log gates near -20: cumulative gates near -1300 in a chunk of 64) and no
+        // decay at all stay finite and exact.
+        check_case(
+            &device,
+            [1, 70, 2, 48],
+            32,
+            DType::F32,
+            30,
+            (-20.5, -19.5),
+            true,
+            true,
+        );
+        check_case(
+            &device,
+            [1, 130, 1, 48],
+            64,
+            DType::F32,
+            31,
+            (-20.5, -19.5),
+            false,
+            false,
+        );
+        check_case(&device, [1, 70, 2, 48], 32, DType::F32, 32, (0.0, 0.0), true, true);
+    }
+}
 
-    // Prefill x1 with the chunk kernel, then decode token by token == one full pass.
-    let mut state = first.state;
-    let mut ys = vec![first.y];
-    for t in split..seq {
-        let [p1, p2, info, gates] = part(t, 1);
-        let out = recurrent_linear_relation_step(
+device_tests! {
+    fn chunk_head_dim_256(device) {
+        // D = 256: the output kernel's sub-tiles shrink to fit the device's shared memory; the
+        // backward's per-chunk kernels run 256 units.
+        check_case(&device, [1, 40, 1, 256], 16, DType::F32, 33, (-1.0, 0.0), true, true);
+    }
+}
+
+device_tests! {
+    fn chunk_matches_the_recurrent_kernel(device) {
+        // Same function, two algorithms: every chunk size against the fused token loop.
+        debug::poison_outputs(true);
+        let tol = tolerance(DType::F32, Check::Forward);
+        let c = case([1, 100, 2, 60], 34, (-1.0, 0.0), true, DType::F32);
+        let x = c.on(&device, DType::F32, false);
+        let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+        let recurrent = linear_relation(
             p1,
             p2,
             info,
             gates,
             DEFAULT_TAU,
-            state,
+            x.state.clone(),
             Strategy::Fused,
         )
         .unwrap();
-        ys.push(out.y);
-        state = out.state;
+        for &chunk in CHUNK_SIZES {
+            let out = run(&x, chunk, Strategy::Fused);
+            assert_close(&format!("chunk {chunk} Y"), &out.y, &recurrent.y, tol);
+            assert_close(
+                &format!("chunk {chunk} state"),
+                &out.state,
+                &recurrent.state,
+                tol,
+            );
+        }
     }
-    assert_close("decode: Y", &Tensor::cat(ys, 1), &whole.y, tol);
-    assert_close("decode: state", &state, &whole.state, tol);
+}
+
+device_tests! {
+    fn chunk_state_carry_and_decoding(device) {
+        debug::poison_outputs(true);
+        let tol = tolerance(DType::F32, Check::Forward);
+        let (seq, split) = (90, 37);
+        let c = case([1, seq, 2, 60], 35, (-1.0, 0.0), true, DType::F32);
+        let x = c.on(&device, DType::F32, false);
+        let whole = run(&x, 32, Strategy::Fused);
+        let part = |from: usize, len: usize| -> [Tensor<4>; 4] {
+            [0, 1, 2, 3].map(|i| x.inputs[i].clone().narrow(1, from, len))
+        };
+
+        // x1 then x2 from the carried state == x1 ++ x2 (split inside a chunk).
+        let [p1, p2, info, gates] = part(0, split);
+        let first = chunk_linear_relation(
+            p1,
+            p2,
+            info,
+            gates,
+            DEFAULT_TAU,
+            x.state.clone(),
+            32,
+            Strategy::Fused,
+        )
+        .unwrap();
+        let [p1, p2, info, gates] = part(split, seq - split);
+        let second = chunk_linear_relation(
+            p1,
+            p2,
+            info,
+            gates,
+            DEFAULT_TAU,
+            Some(first.state.clone()),
+            16,
+            Strategy::Fused,
+        )
+        .unwrap();
+        assert_close(
+            "carry: Y",
+            &Tensor::cat(vec![first.y.clone(), second.y], 1),
+            &whole.y,
+            tol,
+        );
+        assert_close("carry: state", &second.state, &whole.state, tol);
+
+        // Prefill x1 with the chunk kernel, then decode token by token == one full pass.
+        let mut state = first.state;
+        let mut ys = vec![first.y];
+        for t in split..seq {
+            let [p1, p2, info, gates] = part(t, 1);
+            let out = recurrent_linear_relation_step(
+                p1,
+                p2,
+                info,
+                gates,
+                DEFAULT_TAU,
+                state,
+                Strategy::Fused,
+            )
+            .unwrap();
+            ys.push(out.y);
+            state = out.state;
+        }
+        assert_close("decode: Y", &Tensor::cat(ys, 1), &whole.y, tol);
+        assert_close("decode: state", &state, &whole.state, tol);
+    }
 }
 
 #[test]
 fn chunk_size_is_validated_on_every_device() {
     let c = case([1, 8, 1, 48], 36, (-1.0, 0.0), false, DType::F32);
-    for device in [Device::flex(), wgpu()] {
+    for device in devices() {
         let x = c.on(&device, DType::F32, false);
         for bad in [0, 8, 48, 128] {
             let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
@@ -312,20 +321,28 @@ fn chunk_size_is_validated_on_every_device() {
 }
 
 #[test]
-fn chunk_on_flex_uses_the_reference() {
+fn chunk_auto_on_flex_runs_the_kernel_and_reference_stays_available() {
     let flex = Device::flex();
     let c = case([1, 40, 2, 48], 37, (-1.0, 0.0), true, DType::F32);
     let x = c.on(&flex, DType::F32, false);
     let tol = tolerance(DType::F32, Check::Forward);
     let expected = reference(&x);
     for &chunk in CHUNK_SIZES {
+        let before = launches::chunk_linear_relation_forward();
         let auto = run(&x, chunk, Strategy::Auto);
-        assert_close(&format!("flex Y {chunk}"), &auto.y, &expected.y, tol);
-        assert_close(
-            &format!("flex state {chunk}"),
-            &auto.state,
-            &expected.state,
-            tol,
+        assert!(
+            launches::chunk_linear_relation_forward() > before,
+            "Auto on Flex did not run the Flex kernel"
         );
+        let forced = run(&x, chunk, Strategy::Reference);
+        for (name, got) in [("auto", auto), ("reference", forced)] {
+            assert_close(&format!("flex {name} Y {chunk}"), &got.y, &expected.y, tol);
+            assert_close(
+                &format!("flex {name} state {chunk}"),
+                &got.state,
+                &expected.state,
+                tol,
+            );
+        }
     }
 }

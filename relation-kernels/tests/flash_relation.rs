@@ -8,7 +8,7 @@ use relation_kernels::{
     KernelError, Strategy, debug, flash_relation, flash_relation_with_stats, launches,
 };
 
-use crate::common::{to_flex, wgpu};
+use crate::common::{devices, to_flex};
 
 /// Inputs made in f32 on Flex, rounded through `dtype`, so kernel and reference see equal values.
 struct Case {
@@ -62,9 +62,8 @@ impl Case {
 }
 
 /// Forward, statistics and all four gradients of the fused kernel against the references.
-fn check_case(dims: [usize; 4], dtype: DType, seed: u64, scale: f64) {
+fn check_case(device: &Device, dims: [usize; 4], dtype: DType, seed: u64, scale: f64) {
     debug::poison_outputs(true);
-    let device = wgpu();
     let flex = Device::flex();
     let what = format!("{dims:?} {dtype:?} scale {scale}");
     let c = case(dims, seed, scale, dtype);
@@ -79,7 +78,7 @@ fn check_case(dims: [usize; 4], dtype: DType, seed: u64, scale: f64) {
     };
 
     // Forward and statistics.
-    let x = c.on(&device, dtype, false);
+    let x = c.on(device, dtype, false);
     let before = launches::flash_relation_forward();
     let fused =
         flash_relation_with_stats(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU, Strategy::Fused)
@@ -159,90 +158,95 @@ fn check_case(dims: [usize; 4], dtype: DType, seed: u64, scale: f64) {
     );
 }
 
-#[test]
-fn flash_relation_f32_small_shapes() {
-    // T = 1 (no history at all), T = 2, one and several heads, batch 1 and 3.
-    check_case([1, 1, 1, 48], DType::F32, 1, 1.5);
-    check_case([3, 2, 2, 60], DType::F32, 2, 1.5);
-    check_case([3, 1, 8, 80], DType::F32, 3, 1.5);
+device_tests! {
+    fn flash_relation_f32_small_shapes(device) {
+        // T = 1 (no history at all), T = 2, one and several heads, batch 1 and 3.
+        check_case(&device, [1, 1, 1, 48], DType::F32, 1, 1.5);
+        check_case(&device, [3, 2, 2, 60], DType::F32, 2, 1.5);
+        check_case(&device, [3, 1, 8, 80], DType::F32, 3, 1.5);
+    }
+}
+
+device_tests! {
+    fn flash_relation_f32_tile_boundaries(device) {
+        // 63 and 257 straddle every power-of-two tile size.
+        check_case(&device, [1, 63, 8, 64], DType::F32, 4, 1.5);
+        check_case(&device, [3, 63, 1, 128], DType::F32, 5, 1.5);
+        check_case(&device, [3, 257, 2, 80], DType::F32, 6, 1.5);
+        check_case(&device, [1, 257, 8, 48], DType::F32, 7, 1.5);
+    }
+}
+
+device_tests! {
+    fn flash_relation_f32_long_sequences(device) {
+        check_case(&device, [1, 1000, 1, 128], DType::F32, 8, 1.5);
+        check_case(&device, [1, 1000, 2, 60], DType::F32, 9, 1.5);
+    }
+}
+
+device_tests! {
+    fn flash_relation_f32_large_evidence_is_finite(device) {
+        // |U| up to ~1e3: the online softmax must neither overflow nor lose the rows.
+        check_case(&device, [1, 257, 2, 64], DType::F32, 10, 30.0);
+    }
+}
+
+device_tests! {
+    fn flash_relation_f16(device) {
+        assert!(
+            device.supports_dtype(DType::F16),
+            "this device has no f16 support: f16 kernel tests cannot run here"
+        );
+        check_case(&device, [1, 63, 2, 64], DType::F16, 11, 1.0);
+        check_case(&device, [3, 257, 1, 80], DType::F16, 12, 1.0);
+        check_case(&device, [1, 2, 8, 48], DType::F16, 13, 1.0);
+    }
+}
+
+device_tests! {
+    fn flash_relation_is_causal_and_first_token_is_self(device) {
+        debug::poison_outputs(true);
+        let (seq, keep) = (130, 70);
+        let dims = [2, seq, 2, 64];
+        let p1 = uniform(dims, 20, 1.5, &device, DType::F32);
+        let p2 = uniform(dims, 21, 1.5, &device, DType::F32);
+        let info = uniform(dims, 22, 1.0, &device, DType::F32);
+        let other = uniform(dims, 23, 5.0, &device, DType::F32);
+        let lambda = Tensor::<1>::from_data([0.5f32], &device);
+        let splice = |a: &Tensor<4>| {
+            Tensor::cat(
+                vec![
+                    a.clone().narrow(1, 0, keep + 1),
+                    other.clone().narrow(1, keep + 1, seq - keep - 1),
+                ],
+                1,
+            )
+        };
+        let run = |p1, p2, info| {
+            flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap()
+        };
+        let before = run(p1.clone(), p2.clone(), info.clone());
+        let after = run(splice(&p1), splice(&p2), splice(&info));
+        let past = |y: &Tensor<4>| y.clone().narrow(1, 0, keep + 1).into_data();
+        assert_eq!(
+            past(&before),
+            past(&after),
+            "future tokens changed past outputs"
+        );
+        assert_eq!(
+            before.narrow(1, 0, 1).into_data(),
+            info.narrow(1, 0, 1).into_data(),
+            "Y_1 != I_1"
+        );
+    }
 }
 
 #[test]
-fn flash_relation_f32_tile_boundaries() {
-    // 63 and 257 straddle every power-of-two tile size.
-    check_case([1, 63, 8, 64], DType::F32, 4, 1.5);
-    check_case([3, 63, 1, 128], DType::F32, 5, 1.5);
-    check_case([3, 257, 2, 80], DType::F32, 6, 1.5);
-    check_case([1, 257, 8, 48], DType::F32, 7, 1.5);
-}
-
-#[test]
-fn flash_relation_f32_long_sequences() {
-    check_case([1, 1000, 1, 128], DType::F32, 8, 1.5);
-    check_case([1, 1000, 2, 60], DType::F32, 9, 1.5);
-}
-
-#[test]
-fn flash_relation_f32_large_evidence_is_finite() {
-    // |U| up to ~1e3: the online softmax must neither overflow nor lose the rows.
-    check_case([1, 257, 2, 64], DType::F32, 10, 30.0);
-}
-
-#[test]
-fn flash_relation_f16() {
-    let device = wgpu();
-    assert!(
-        device.supports_dtype(DType::F16),
-        "this wgpu adapter has no f16 support: f16 kernel tests cannot run here"
-    );
-    check_case([1, 63, 2, 64], DType::F16, 11, 1.0);
-    check_case([3, 257, 1, 80], DType::F16, 12, 1.0);
-    check_case([1, 2, 8, 48], DType::F16, 13, 1.0);
-}
-
-#[test]
-fn flash_relation_is_causal_and_first_token_is_self() {
-    debug::poison_outputs(true);
-    let device = wgpu();
-    let (seq, keep) = (130, 70);
-    let dims = [2, seq, 2, 64];
-    let p1 = uniform(dims, 20, 1.5, &device, DType::F32);
-    let p2 = uniform(dims, 21, 1.5, &device, DType::F32);
-    let info = uniform(dims, 22, 1.0, &device, DType::F32);
-    let other = uniform(dims, 23, 5.0, &device, DType::F32);
-    let lambda = Tensor::<1>::from_data([0.5f32], &device);
-    let splice = |a: &Tensor<4>| {
-        Tensor::cat(
-            vec![
-                a.clone().narrow(1, 0, keep + 1),
-                other.clone().narrow(1, keep + 1, seq - keep - 1),
-            ],
-            1,
-        )
-    };
-    let run = |p1, p2, info| {
-        flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap()
-    };
-    let before = run(p1.clone(), p2.clone(), info.clone());
-    let after = run(splice(&p1), splice(&p2), splice(&info));
-    let past = |y: &Tensor<4>| y.clone().narrow(1, 0, keep + 1).into_data();
-    assert_eq!(
-        past(&before),
-        past(&after),
-        "future tokens changed past outputs"
-    );
-    assert_eq!(
-        before.narrow(1, 0, 1).into_data(),
-        info.narrow(1, 0, 1).into_data(),
-        "Y_1 != I_1"
-    );
-}
-
-#[test]
-fn flash_relation_on_flex_matches_and_limits_are_typed() {
+fn flash_relation_auto_on_flex_runs_the_kernel_and_limits_are_typed() {
     let flex = Device::flex();
     let c = case([2, 40, 2, 48], 30, 1.5, DType::F32);
     let x = c.on(&flex, DType::F32, false);
+    let before = launches::flash_relation_forward();
     let auto = flash_relation(
         x.p1.clone(),
         x.p2.clone(),
@@ -252,6 +256,10 @@ fn flash_relation_on_flex_matches_and_limits_are_typed() {
         Strategy::Auto,
     )
     .unwrap();
+    assert!(
+        launches::flash_relation_forward() > before,
+        "Auto on Flex did not run the Flex kernel"
+    );
     let reference = naive_parallel_relation(
         x.p1.clone(),
         x.p2.clone(),
@@ -266,35 +274,26 @@ fn flash_relation_on_flex_matches_and_limits_are_typed() {
         &reference,
         tolerance(DType::F32, Check::Forward),
     );
-    let err = flash_relation(
-        x.p1.clone(),
-        x.p2.clone(),
-        x.info.clone(),
-        x.lambda.clone(),
-        DEFAULT_TAU,
-        Strategy::Fused,
-    )
-    .unwrap_err();
-    assert!(matches!(err, KernelError::FusedUnavailable { .. }), "{err}");
 
-    let device = wgpu();
-    let big = uniform([1, 4, 1, 300], 1, 1.0, &device, DType::F32);
-    let lambda = Tensor::<1>::from_data([0.5f32], &device);
-    let err = flash_relation(
-        big.clone(),
-        big.clone(),
-        big,
-        lambda,
-        DEFAULT_TAU,
-        Strategy::Fused,
-    )
-    .unwrap_err();
-    assert_eq!(
-        err,
-        KernelError::HeadDimTooLarge {
-            op: "flash_relation",
-            head_dim: 300,
-            max: 256
-        }
-    );
+    for device in devices() {
+        let big = uniform([1, 4, 1, 300], 1, 1.0, &device, DType::F32);
+        let lambda = Tensor::<1>::from_data([0.5f32], &device);
+        let err = flash_relation(
+            big.clone(),
+            big.clone(),
+            big,
+            lambda,
+            DEFAULT_TAU,
+            Strategy::Fused,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::HeadDimTooLarge {
+                op: "flash_relation",
+                head_dim: 300,
+                max: 256
+            }
+        );
+    }
 }

@@ -1,18 +1,15 @@
-//! Kernel tests: every fused path against its `relation-core` reference.
-//!
-//! The CubeCL tests run on `Device::wgpu` (Mesa's software Vulkan driver in CI). They need the
-//! `wgpu` feature, which the README's test command turns on; without an adapter they fail.
+//! Kernel tests: every fused path against its `relation-core` reference, on every device with
+//! kernels in this build — Flex always (its CPU kernels), and `Device::wgpu` (the CubeCL kernels,
+//! on Mesa's software Vulkan driver in CI) with the `wgpu` feature, which the README's test
+//! command turns on; without an adapter the wgpu tests fail, never skip.
 
-mod strategy;
-
-#[cfg(feature = "wgpu")]
-mod chunk_linear_relation;
-#[cfg(feature = "wgpu")]
+#[macro_use]
 mod common;
 
-#[cfg(feature = "wgpu")]
+mod chunk_linear_relation;
 mod flash_relation;
-#[cfg(feature = "wgpu")]
+mod flex_threads;
 mod linear_relation;
+mod strategy;
 #[cfg(feature = "wgpu")]
 mod wgpu_smoke;

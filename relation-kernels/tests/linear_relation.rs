@@ -6,7 +6,7 @@ use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput, naive_recurrent_linear_relation};
 use relation_kernels::{Strategy, debug, launches, linear_relation, linear_relation_step};
 
-use crate::common::{to_flex, wgpu};
+use crate::common::to_flex;
 
 /// Inputs in f32 on Flex, rounded through `dtype`: `[p1, p2, info, log_alpha]`, the initial
 /// state, and the loss weights of `y` and of the final state.
@@ -81,9 +81,15 @@ pub(crate) fn reference(x: &On) -> LinearRelationOutput {
     naive_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone()).unwrap()
 }
 
-fn check_case(dims: [usize; 4], dtype: DType, seed: u64, gate: (f64, f64), with_state: bool) {
+fn check_case(
+    device: &Device,
+    dims: [usize; 4],
+    dtype: DType,
+    seed: u64,
+    gate: (f64, f64),
+    with_state: bool,
+) {
     debug::poison_outputs(true);
-    let device = wgpu();
     let flex = Device::flex();
     let what = format!("{dims:?} {dtype:?} gates {gate:?} state {with_state}");
     let c = case(dims, seed, gate, with_state, dtype);
@@ -93,7 +99,7 @@ fn check_case(dims: [usize; 4], dtype: DType, seed: u64, gate: (f64, f64), with_
     );
 
     let before = launches::linear_relation_forward();
-    let fused = run(&c.on(&device, dtype, false), Strategy::Fused);
+    let fused = run(&c.on(device, dtype, false), Strategy::Fused);
     let expected = reference(&c.on(&flex, DType::F32, false));
     assert_close(
         &format!("Y {what}"),
@@ -143,100 +149,109 @@ fn check_case(dims: [usize; 4], dtype: DType, seed: u64, gate: (f64, f64), with_
     );
 }
 
-#[test]
-fn linear_relation_f32_shapes() {
-    check_case([1, 1, 2, 48], DType::F32, 1, (-1.0, 0.0), false);
-    check_case([2, 63, 2, 60], DType::F32, 2, (-1.0, 0.0), true);
-    check_case([1, 64, 4, 64], DType::F32, 3, (-2.0, 0.0), true);
-    check_case([2, 65, 1, 80], DType::F32, 4, (-1.0, 0.0), false);
-}
-
-#[test]
-fn linear_relation_f32_long_sequence() {
-    check_case([1, 1000, 2, 64], DType::F32, 5, (-0.5, 0.0), true);
-}
-
-#[test]
-fn linear_relation_gate_extremes() {
-    // Strong decay (log gates near -20) and no decay at all stay finite and exact.
-    check_case([1, 70, 2, 48], DType::F32, 6, (-20.5, -19.5), true);
-    check_case([1, 70, 2, 48], DType::F32, 7, (0.0, 0.0), true);
-}
-
-#[test]
-fn linear_relation_f16() {
-    assert!(
-        wgpu().supports_dtype(DType::F16),
-        "this wgpu adapter has no f16 support"
-    );
-    check_case([1, 63, 2, 64], DType::F16, 8, (-1.0, 0.0), true);
-    check_case([2, 65, 1, 48], DType::F16, 9, (-1.0, 0.0), false);
-}
-
-#[test]
-fn linear_relation_state_carry_and_decoding() {
-    debug::poison_outputs(true);
-    let device = wgpu();
-    let tol = tolerance(DType::F32, Check::Forward);
-    let (seq, split) = (90, 37);
-    let c = case([1, seq, 2, 60], 10, (-1.0, 0.0), true, DType::F32);
-    let x = c.on(&device, DType::F32, false);
-    let whole = run(&x, Strategy::Fused);
-    let part = |from: usize, len: usize| -> [Tensor<4>; 4] {
-        [0, 1, 2, 3].map(|i| x.inputs[i].clone().narrow(1, from, len))
-    };
-
-    // x1 then x2 from the carried state == x1 ++ x2.
-    let [p1, p2, info, gates] = part(0, split);
-    let first = linear_relation(
-        p1,
-        p2,
-        info,
-        gates,
-        DEFAULT_TAU,
-        x.state.clone(),
-        Strategy::Fused,
-    )
-    .unwrap();
-    let [p1, p2, info, gates] = part(split, seq - split);
-    let second = linear_relation(
-        p1,
-        p2,
-        info,
-        gates,
-        DEFAULT_TAU,
-        Some(first.state.clone()),
-        Strategy::Fused,
-    )
-    .unwrap();
-    assert_close(
-        "carry: Y",
-        &Tensor::cat(vec![first.y.clone(), second.y], 1),
-        &whole.y,
-        tol,
-    );
-    assert_close("carry: state", &second.state, &whole.state, tol);
-
-    // Prefill x1, then decode token by token with the step kernel == one full pass.
-    let mut state = first.state;
-    let mut ys = vec![first.y];
-    for t in split..seq {
-        let [p1, p2, info, gates] = part(t, 1);
-        let out =
-            linear_relation_step(p1, p2, info, gates, DEFAULT_TAU, state, Strategy::Fused).unwrap();
-        ys.push(out.y);
-        state = out.state;
+device_tests! {
+    fn linear_relation_f32_shapes(device) {
+        check_case(&device, [1, 1, 2, 48], DType::F32, 1, (-1.0, 0.0), false);
+        check_case(&device, [2, 63, 2, 60], DType::F32, 2, (-1.0, 0.0), true);
+        check_case(&device, [1, 64, 4, 64], DType::F32, 3, (-2.0, 0.0), true);
+        check_case(&device, [2, 65, 1, 80], DType::F32, 4, (-1.0, 0.0), false);
     }
-    assert_close("decode: Y", &Tensor::cat(ys, 1), &whole.y, tol);
-    assert_close("decode: state", &state, &whole.state, tol);
+}
+
+device_tests! {
+    fn linear_relation_f32_long_sequence(device) {
+        check_case(&device, [1, 1000, 2, 64], DType::F32, 5, (-0.5, 0.0), true);
+    }
+}
+
+device_tests! {
+    fn linear_relation_gate_extremes(device) {
+        // Strong decay (log gates near -20) and no decay at all stay finite and exact.
+        check_case(&device, [1, 70, 2, 48], DType::F32, 6, (-20.5, -19.5), true);
+        check_case(&device, [1, 70, 2, 48], DType::F32, 7, (0.0, 0.0), true);
+    }
+}
+
+device_tests! {
+    fn linear_relation_f16(device) {
+        assert!(
+            device.supports_dtype(DType::F16),
+            "this device has no f16 support"
+        );
+        check_case(&device, [1, 63, 2, 64], DType::F16, 8, (-1.0, 0.0), true);
+        check_case(&device, [2, 65, 1, 48], DType::F16, 9, (-1.0, 0.0), false);
+    }
+}
+
+device_tests! {
+    fn linear_relation_state_carry_and_decoding(device) {
+        debug::poison_outputs(true);
+        let tol = tolerance(DType::F32, Check::Forward);
+        let (seq, split) = (90, 37);
+        let c = case([1, seq, 2, 60], 10, (-1.0, 0.0), true, DType::F32);
+        let x = c.on(&device, DType::F32, false);
+        let whole = run(&x, Strategy::Fused);
+        let part = |from: usize, len: usize| -> [Tensor<4>; 4] {
+            [0, 1, 2, 3].map(|i| x.inputs[i].clone().narrow(1, from, len))
+        };
+
+        // x1 then x2 from the carried state == x1 ++ x2.
+        let [p1, p2, info, gates] = part(0, split);
+        let first = linear_relation(
+            p1,
+            p2,
+            info,
+            gates,
+            DEFAULT_TAU,
+            x.state.clone(),
+            Strategy::Fused,
+        )
+        .unwrap();
+        let [p1, p2, info, gates] = part(split, seq - split);
+        let second = linear_relation(
+            p1,
+            p2,
+            info,
+            gates,
+            DEFAULT_TAU,
+            Some(first.state.clone()),
+            Strategy::Fused,
+        )
+        .unwrap();
+        assert_close(
+            "carry: Y",
+            &Tensor::cat(vec![first.y.clone(), second.y], 1),
+            &whole.y,
+            tol,
+        );
+        assert_close("carry: state", &second.state, &whole.state, tol);
+
+        // Prefill x1, then decode token by token with the step kernel == one full pass.
+        let mut state = first.state;
+        let mut ys = vec![first.y];
+        for t in split..seq {
+            let [p1, p2, info, gates] = part(t, 1);
+            let out =
+                linear_relation_step(p1, p2, info, gates, DEFAULT_TAU, state, Strategy::Fused).unwrap();
+            ys.push(out.y);
+            state = out.state;
+        }
+        assert_close("decode: Y", &Tensor::cat(ys, 1), &whole.y, tol);
+        assert_close("decode: state", &state, &whole.state, tol);
+    }
 }
 
 #[test]
-fn linear_relation_on_flex_uses_the_reference() {
+fn linear_relation_auto_on_flex_runs_the_kernel() {
     let flex = Device::flex();
     let c = case([1, 20, 2, 48], 11, (-1.0, 0.0), true, DType::F32);
     let x = c.on(&flex, DType::F32, false);
+    let before = launches::linear_relation_forward();
     let auto = run(&x, Strategy::Auto);
+    assert!(
+        launches::linear_relation_forward() > before,
+        "Auto on Flex did not run the Flex kernel"
+    );
     let expected = reference(&x);
     let tol = tolerance(DType::F32, Check::Forward);
     assert_close("flex Y", &auto.y, &expected.y, tol);

@@ -1,35 +1,31 @@
-//! Strategy routing on a device without CubeCL.
+//! Strategy routing: Flex has its own kernels, `Reference` is always available, bad input is a
+//! typed error before any kernel runs.
 
 use burn::tensor::{DType, Device};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, RelationError, naive_self_relation};
-use relation_kernels::{KernelError, Strategy, is_cube, self_relation};
+use relation_kernels::{
+    KernelError, Strategy, debug, has_kernels, is_cube, is_flex, launches, self_relation,
+};
 
 #[test]
-fn flex_uses_the_reference_and_refuses_fused() {
+fn flex_has_kernels_and_reference_stays_available() {
+    debug::poison_outputs(true);
     let device = Device::flex();
+    assert!(is_flex(&device) && is_flex(&device.clone().autodiff()));
     assert!(!is_cube(&device));
+    assert!(has_kernels(&device));
     let p1 = uniform([2, 5, 2, 16], 1, 1.0, &device, DType::F32);
     let p2 = uniform([2, 5, 2, 16], 2, 1.0, &device, DType::F32);
-    let auto = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, Strategy::Auto).unwrap();
     let reference = naive_self_relation(p1.clone(), p2.clone(), DEFAULT_TAU).unwrap();
-    assert_close(
-        "auto on flex",
-        &auto,
-        &reference,
-        tolerance(DType::F32, Check::Forward),
-    );
-    let err = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, Strategy::Fused).unwrap_err();
-    assert!(
-        matches!(
-            err,
-            KernelError::FusedUnavailable {
-                op: "self_relation",
-                ..
-            }
-        ),
-        "{err}"
-    );
+    let tol = tolerance(DType::F32, Check::Forward);
+    for strategy in [Strategy::Auto, Strategy::Fused, Strategy::Reference] {
+        let before = launches::self_relation();
+        let got = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, strategy).unwrap();
+        let ran = launches::self_relation() > before;
+        assert_eq!(ran, strategy != Strategy::Reference, "{strategy:?}");
+        assert_close(&format!("{strategy:?} on flex"), &got, &reference, tol);
+    }
     let err = self_relation(p1, p2, -1.0, Strategy::Auto).unwrap_err();
     assert_eq!(
         err,

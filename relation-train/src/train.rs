@@ -186,7 +186,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let accumulation = t.accumulation();
     let per_step = t.effective_tokens_per_step() as u64;
     println!(
-        "model: {} layers `{}`, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
+        "model: {} layers `{}`, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads) | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
         model_config.n_layers,
         model_config.pattern,
         model_config.d_model,
@@ -194,6 +194,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         params as f64 / 1e6,
         model_config.vocab_size,
         device_names.join(" + "),
+        relation_kernels::cpu_threads(),
         t.batch_size,
         t.seq_len,
         accumulation,

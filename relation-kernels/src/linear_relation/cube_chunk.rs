@@ -1,7 +1,7 @@
 //! Linear Relation, chunked (chunkwise-parallel, GLA-style) forward and backward kernels
 //! (spec §3).
 //!
-//! The inputs are the prepared per-token vectors of [`super::linear_relation`]
+//! The inputs are the prepared per-token vectors of [`super::cube_recurrent`]
 //! (`q_t = S_t p̂1_t`, `k_t = S_t p̂2_t`, `v_t = Ĩ_t`, `g_t = log alpha_t`, all `[B, T, H, D]`,
 //! and the initial state `C_0`, `[B, H, D, D]`); the Tensor-level caller computes `S_t` and the
 //! L2 normalisation with differentiable tensor ops.
@@ -116,7 +116,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::{client::Client, prelude::*};
 
-use super::{empty_like, empty_like_dtype};
+use crate::cube::{empty_like, empty_like_dtype};
 use crate::launches;
 
 /// Largest sub-tile edge of `chunk_output`.

@@ -1,5 +1,12 @@
 //! Tensor-level entry points of Linear Relation.
 
+#[cfg(feature = "cube")]
+pub(crate) mod cube_chunk;
+#[cfg(feature = "cube")]
+pub(crate) mod cube_recurrent;
+#[cfg(feature = "flex")]
+pub(crate) mod flex;
+
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use relation_core::{

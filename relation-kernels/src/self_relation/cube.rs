@@ -5,7 +5,7 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
-use super::empty_like;
+use crate::cube::empty_like;
 use crate::launches;
 
 #[cube(launch)]

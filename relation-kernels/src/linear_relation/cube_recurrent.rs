@@ -36,7 +36,7 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::{empty_like, load_rows};
+use crate::cube::{empty_like, load_rows};
 use crate::launches;
 
 /// Tokens per shared-memory tile.

@@ -56,15 +56,12 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::{Tiling, empty_like, empty_like_dtype, load_rows};
+use super::{NO_HISTORY_LSE, STATS};
+use crate::cube::{Tiling, empty_like, empty_like_dtype, load_rows};
 use crate::launches;
 
-/// Channels of the forward statistics tensor `[B, T, H, STATS]`: `L`, `S`, `g`.
-pub(crate) const STATS: usize = 3;
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: `L`, `S`, `g`, `dA`, `D`, `dA log i`.
 const ROWS: usize = 6;
-/// Stored in place of `L_1 = -inf` (row 1 has no Exchange); never read by the backward.
-pub(crate) const NO_HISTORY_LSE: f32 = -1.0e30;
 
 #[cube]
 fn sigmoid(x: f32) -> f32 {

@@ -1,5 +1,10 @@
 //! Tensor-level entry points of FlashRelation.
 
+#[cfg(feature = "cube")]
+pub(crate) mod cube;
+#[cfg(feature = "flex")]
+pub(crate) mod flex;
+
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor};
 use relation_core::{
@@ -7,6 +12,13 @@ use relation_core::{
 };
 
 use crate::{KernelError, RelationOps, Result, Strategy};
+
+/// Channels of the forward statistics tensor `[B, T, H, STATS]` (f32): `L`, `S`, `g`.
+#[allow(dead_code)] // used by the kernels only
+pub(crate) const STATS: usize = 3;
+/// Stored in place of `L_1 = -inf` (row 1 has no Exchange); never read by the backward.
+#[allow(dead_code)]
+pub(crate) const NO_HISTORY_LSE: f32 = -1.0e30;
 
 /// Largest head dimension the fused kernels accept (registers per unit grow with `D`).
 pub const MAX_HEAD_DIM: usize = 256;

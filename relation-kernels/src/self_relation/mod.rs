@@ -1,5 +1,10 @@
 //! Tensor-level entry point of the Self relation.
 
+#[cfg(feature = "cube")]
+pub(crate) mod cube;
+#[cfg(feature = "flex")]
+pub(crate) mod flex;
+
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use relation_core::{check, naive_self_relation};

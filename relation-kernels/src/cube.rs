@@ -4,11 +4,11 @@
 //! Kernels keep a path without plane (warp) operations, which software Vulkan lacks, use at
 //! most 8 storage buffers each (wgpu's per-stage limit), and size their tiles from the client's
 //! reported limits rather than from a hard-coded warp size.
-
-mod chunk_linear_relation;
-mod flash_relation;
-mod linear_relation;
-mod self_relation;
+//!
+//! The kernels themselves live with their operation (`flash_relation/cube.rs`,
+//! `linear_relation/cube_recurrent.rs`, `linear_relation/cube_chunk.rs`, `self_relation/cube.rs`);
+//! this module holds what they share (tiling, tile loads, output allocation) and the trait
+//! implementation that delegates to them.
 
 use burn::backend::{cubecl::dtype_to_storage_type, ops::FloatTensorOps, tensor::FloatTensor};
 use burn::tensor::{DType, Shape, Slice};
@@ -16,6 +16,11 @@ use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 use cubecl::{calculate_cube_count_elemwise, client::Client, prelude::*};
 
 use crate::RelationOps;
+use crate::flash_relation::cube as flash_relation;
+use crate::linear_relation::{
+    cube_chunk as chunk_linear_relation, cube_recurrent as linear_relation,
+};
+use crate::self_relation::cube as self_relation;
 
 /// Tile sizes of the row-per-unit kernels, from the device's limits.
 #[derive(Debug, Clone, Copy)]
@@ -49,9 +54,6 @@ fn prev_power_of_two(x: usize) -> usize {
         1 << (usize::BITS - 1 - x.leading_zeros())
     }
 }
-
-/// Whether kernel outputs are filled with NaN before launch (tests), see [`crate::debug`].
-pub(crate) static POISON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 #[cube(launch)]
 fn fill_kernel<F: Float>(out: &mut Tensor<F>, value: f32, #[define(F)] _dtype: ElemType) {
@@ -106,7 +108,7 @@ pub(crate) fn empty_like_dtype(like: &CubeTensor, shape: Shape, dtype: DType) ->
         like.client.empty(len * dtype.size()),
         dtype,
     );
-    if POISON.load(std::sync::atomic::Ordering::Relaxed) && len > 0 {
+    if crate::debug::poisoning() && len > 0 {
         let cube_dim = CubeDim::new(&out.client, len);
         fill_kernel::launch(
             &out.client,

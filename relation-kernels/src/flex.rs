@@ -1,0 +1,334 @@
+//! Flex (pure-Rust CPU) kernels: what they share, and the [`RelationOps`] implementation for
+//! [`Flex`] that delegates to them.
+//!
+//! The kernels themselves live with their operation (`flash_relation/flex.rs`,
+//! `linear_relation/flex.rs`, `self_relation/flex.rs`). They all follow one pattern:
+//!
+//! 1. **Gather** each input once into an f32, heads-first buffer `[B·H, T, D]` ([`gather_heads`]):
+//!    this casts f16/bf16/f64 to f32 (every accumulation is f32), makes each `(b, h)` slice
+//!    contiguous so tile products are plain row-major GEMMs, and reads non-contiguous Flex views.
+//! 2. **Compute** on Flex's rayon thread pool with `par_chunks_mut` over `(b, h)` (and query
+//!    blocks where the rows are independent). Every task owns a disjoint output slice and runs
+//!    the same arithmetic in the same order whatever the thread count, so results are bitwise
+//!    identical for 1 or N threads; GEMMs inside a task are single-threaded ([`gemm`]).
+//! 3. **Scatter** back to `[B, T, H, D]` in the input dtype ([`scatter_heads`]).
+//!
+//! Output buffers come from [`output`], which fills them with NaN while
+//! [`crate::debug::poison_outputs`] is on, so an element a kernel forgets to write fails the tests.
+
+use burn::backend::Flex;
+use burn::backend::flex::{FlexTensor, Layout};
+use burn::backend::tensor::FloatTensor;
+use burn::tensor::{Bytes, DType, Shape, bf16, f16};
+
+use crate::flash_relation::flex as flash_relation;
+use crate::linear_relation::flex as linear_relation;
+use crate::self_relation::flex as self_relation;
+use crate::{RelationOps, launches};
+
+/// `[B, T, H, D]` of a rank-4 Flex tensor.
+pub(crate) fn dims4(x: &FlexTensor) -> [usize; 4] {
+    let s = x.layout().shape();
+    [s[0], s[1], s[2], s[3]]
+}
+
+/// The elements of `x` in row-major order, as f32.
+///
+/// # Panics
+/// On a non-float dtype (the Tensor-level entry points only pass float tensors).
+pub(crate) fn read_f32(x: &FlexTensor) -> Vec<f32> {
+    const CONTIGUOUS: &str = "a contiguous tensor has a contiguous slice";
+    let x = x.to_contiguous();
+    match x.dtype() {
+        DType::F32 => x.as_slice::<f32>().expect(CONTIGUOUS).to_vec(),
+        DType::F16 => x
+            .as_slice::<f16>()
+            .expect(CONTIGUOUS)
+            .iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        DType::BF16 => {
+            let s = x.as_slice::<bf16>().expect(CONTIGUOUS);
+            s.iter().map(|v| v.to_f32()).collect()
+        }
+        DType::F64 => {
+            let s = x.as_slice::<f64>().expect(CONTIGUOUS);
+            s.iter().map(|&v| v as f32).collect()
+        }
+        other => panic!("relation-kernels (flex): unsupported dtype {other:?}"),
+    }
+}
+
+/// `[B, T, H, D]` (any dtype, any layout) -> f32 `[B·H, T, D]`.
+pub(crate) fn gather_heads(x: &FlexTensor) -> Vec<f32> {
+    let [b, t, h, d] = dims4(x);
+    let flat = read_f32(x); // [B, T, H, D]
+    let mut out = vec![0.0f32; flat.len()]; // [B, H, T, D]
+    for bi in 0..b {
+        for ti in 0..t {
+            for hi in 0..h {
+                let src = ((bi * t + ti) * h + hi) * d;
+                let dst = ((bi * h + hi) * t + ti) * d;
+                out[dst..dst + d].copy_from_slice(&flat[src..src + d]);
+            }
+        }
+    }
+    out
+}
+
+/// f32 `[B·H, T, D]` -> `[B, T, H, D]` in `dtype`.
+pub(crate) fn scatter_heads(data: &[f32], dims: [usize; 4], dtype: DType) -> FlexTensor {
+    let [b, t, h, d] = dims;
+    let mut flat = vec![0.0f32; data.len()]; // [B, T, H, D]
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                let src = ((bi * h + hi) * t + ti) * d;
+                let dst = ((bi * t + ti) * h + hi) * d;
+                flat[dst..dst + d].copy_from_slice(&data[src..src + d]);
+            }
+        }
+    }
+    tensor(flat, Shape::new(dims), dtype)
+}
+
+/// A contiguous Flex tensor holding `data` (row-major f32) converted to `dtype`.
+pub(crate) fn tensor(data: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
+    let bytes = match dtype {
+        DType::F32 => Bytes::from_elems(data),
+        DType::F16 => Bytes::from_elems(data.iter().map(|&v| f16::from_f32(v)).collect()),
+        DType::BF16 => Bytes::from_elems(data.iter().map(|&v| bf16::from_f32(v)).collect()),
+        DType::F64 => Bytes::from_elems(data.iter().map(|&v| v as f64).collect()),
+        other => panic!("relation-kernels (flex): unsupported dtype {other:?}"),
+    };
+    FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
+}
+
+/// An output buffer of `len` f32: zeros, or NaN while outputs are poisoned (tests).
+pub(crate) fn output(len: usize) -> Vec<f32> {
+    let fill = if crate::debug::poisoning() {
+        f32::NAN
+    } else {
+        0.0
+    };
+    vec![fill; len]
+}
+
+/// `sigmoid(x) = 1 / (1 + e^-x)`.
+#[inline]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// A row-major `rows x cols` matrix view: element `(r, c)` is `data[r * rs + c * cs]`.
+#[derive(Clone, Copy)]
+pub(crate) struct Mat<'a> {
+    pub data: &'a [f32],
+    /// Row stride (elements).
+    pub rs: usize,
+    /// Column stride (elements).
+    pub cs: usize,
+}
+
+impl<'a> Mat<'a> {
+    /// Row-major with `cols` contiguous columns per row (stride `ld`).
+    pub fn rows(data: &'a [f32], ld: usize) -> Self {
+        Self {
+            data,
+            rs: ld,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with row stride `ld`.
+    pub fn transposed(data: &'a [f32], ld: usize) -> Self {
+        Self {
+            data,
+            rs: 1,
+            cs: ld,
+        }
+    }
+
+    fn check(&self, rows: usize, cols: usize, what: &str) {
+        if rows > 0 && cols > 0 {
+            let last = (rows - 1) * self.rs + (cols - 1) * self.cs;
+            assert!(
+                last < self.data.len(),
+                "gemm: {what} ({rows} x {cols}, strides {} / {}) overruns its {} elements",
+                self.rs,
+                self.cs,
+                self.data.len()
+            );
+        }
+    }
+}
+
+/// `dst[m x n] = (accumulate ? dst : 0) + alpha * lhs[m x k] · rhs[k x n]`, single-threaded
+/// (parallelism comes from the tasks around it), `dst` row-major with row stride `ld`.
+///
+/// The one place this crate calls `unsafe` code: the `gemm` crate (the GEMM Flex itself uses)
+/// takes raw pointers and strides. Every extent is checked against its slice first, so an
+/// out-of-bounds tile is a panic here rather than a wild read or write.
+#[allow(unsafe_code, clippy::too_many_arguments)]
+pub(crate) fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    ld: usize,
+    lhs: Mat<'_>,
+    rhs: Mat<'_>,
+    alpha: f32,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    Mat::rows(dst, ld).check(m, n, "dst");
+    if k == 0 {
+        if !accumulate {
+            for r in 0..m {
+                dst[r * ld..r * ld + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    lhs.check(m, k, "lhs");
+    rhs.check(k, n, "rhs");
+    // SAFETY: the three extents were checked against their slices just above; `dst` is borrowed
+    // mutably and cannot alias `lhs`/`rhs`, which are shared borrows.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ld as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            alpha,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
+    }
+}
+
+impl RelationOps for Flex {
+    fn self_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        scale: f32,
+    ) -> FloatTensor<Self> {
+        self_relation::forward(p1, p2, scale)
+    }
+
+    fn flash_relation(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> FloatTensor<Self> {
+        flash_relation::forward(p1, p2, info, lambda, scale, inv_tau, false).y
+    }
+
+    fn flash_relation_fwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let out = flash_relation::forward(p1, p2, info, lambda, scale, inv_tau, true);
+        (out.y, out.ibar, out.stats)
+    }
+
+    fn flash_relation_bwd(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        ibar: FloatTensor<Self>,
+        stats: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+        scale: f32,
+        inv_tau: f32,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        flash_relation::backward(p1, p2, info, lambda, ibar, stats, dy, scale, inv_tau)
+    }
+
+    fn linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        linear_relation::forward(q, k, v, g, h0, &launches::LINEAR_RELATION_FWD)
+    }
+
+    fn chunk_linear_relation(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        _chunk_size: usize,
+    ) -> FloatTensor<Self> {
+        // On the CPU the chunk size does not change the algorithm (see linear_relation/flex.rs).
+        linear_relation::forward(q, k, v, g, h0, &launches::CHUNK_LINEAR_RELATION_FWD)
+    }
+
+    fn linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        _out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        linear_relation::backward(q, k, v, g, h0, d_out, &launches::LINEAR_RELATION_BWD)
+    }
+
+    fn chunk_linear_relation_bwd(
+        q: FloatTensor<Self>,
+        k: FloatTensor<Self>,
+        v: FloatTensor<Self>,
+        g: FloatTensor<Self>,
+        h0: FloatTensor<Self>,
+        _out: FloatTensor<Self>,
+        d_out: FloatTensor<Self>,
+        _chunk_size: usize,
+    ) -> (
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+        FloatTensor<Self>,
+    ) {
+        linear_relation::backward(q, k, v, g, h0, d_out, &launches::CHUNK_LINEAR_RELATION_BWD)
+    }
+}

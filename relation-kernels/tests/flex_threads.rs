@@ -1,0 +1,89 @@
+//! The Flex kernels give the same bits on 1 thread as on several: every task owns its output and
+//! runs a fixed order of operations, whatever the pool size.
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use relation_core::DEFAULT_TAU;
+use relation_core::testing::uniform;
+use relation_kernels::{Strategy, chunk_linear_relation, flash_relation};
+
+/// Runs `f` on a fresh rayon pool of `threads` threads (Flex runs its work on the current pool).
+fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool")
+        .install(f)
+}
+
+/// Output and input gradients of FlashRelation, as data.
+fn flash_run() -> Vec<TensorData> {
+    let device = Device::flex().autodiff();
+    let dims = [2, 150, 4, 48];
+    let make = |seed, scale| uniform(dims, seed, scale, &device, DType::F32).require_grad();
+    let (p1, p2, info) = (make(1, 1.5), make(2, 1.5), make(3, 1.0));
+    let lambda = Tensor::<1>::from_data([0.5f32], &device).require_grad();
+    let weights = uniform(dims, 4, 1.0, &device, DType::F32);
+    let y = flash_relation(
+        p1.clone(),
+        p2.clone(),
+        info.clone(),
+        lambda.clone(),
+        DEFAULT_TAU,
+        Strategy::Fused,
+    )
+    .unwrap();
+    let grads = (y.clone() * weights).sum().backward();
+    let mut out = vec![y.into_data()];
+    for x in [&p1, &p2, &info] {
+        out.push(x.grad(&grads).unwrap().into_data());
+    }
+    out.push(lambda.grad(&grads).unwrap().into_data());
+    out
+}
+
+/// Output, final state and input gradients of Linear Relation, as data.
+fn linear_run() -> Vec<TensorData> {
+    let device = Device::flex().autodiff();
+    let dims = [2, 130, 4, 60];
+    let make = |seed, scale| uniform(dims, seed, scale, &device, DType::F32).require_grad();
+    let (p1, p2, info) = (make(1, 1.0), make(2, 1.0), make(3, 1.0));
+    let gates = (uniform(dims, 4, 0.5, &device, DType::F32) - 0.5).require_grad();
+    let state = uniform([2, 4, 60, 60], 5, 0.5, &device, DType::F32).require_grad();
+    let out = chunk_linear_relation(
+        p1.clone(),
+        p2.clone(),
+        info.clone(),
+        gates.clone(),
+        DEFAULT_TAU,
+        Some(state.clone()),
+        64,
+        Strategy::Fused,
+    )
+    .unwrap();
+    let loss = (out.y.clone() * out.y.clone()).sum() + out.state.clone().sum();
+    let grads = loss.backward();
+    let mut data = vec![out.y.into_data(), out.state.into_data()];
+    for x in [&p1, &p2, &info, &gates, &state] {
+        data.push(x.grad(&grads).unwrap().into_data());
+    }
+    data
+}
+
+#[test]
+fn flex_kernels_are_bitwise_equal_on_one_and_many_threads() {
+    for (name, run) in [
+        ("flash_relation", flash_run as fn() -> Vec<TensorData>),
+        ("chunk_linear_relation", linear_run),
+    ] {
+        let one = on_threads(1, run);
+        for threads in [2, 3] {
+            let many = on_threads(threads, run);
+            for (k, (a, b)) in one.iter().zip(&many).enumerate() {
+                assert_eq!(
+                    a, b,
+                    "{name}: output {k} differs between 1 and {threads} threads"
+                );
+            }
+        }
+    }
+}
