@@ -48,6 +48,7 @@ struct Args {
     dtype: DType,
     out: Option<String>,
     skip_materialized_above: usize,
+    skip_attention_above: usize,
 }
 
 fn parse() -> Result<Args, String> {
@@ -61,6 +62,7 @@ fn parse() -> Result<Args, String> {
         dtype: DType::F32,
         out: None,
         skip_materialized_above: 8192,
+        skip_attention_above: 1 << 20,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,6 +81,7 @@ fn parse() -> Result<Args, String> {
             "--head-dim" => args.head_dim = number(value()?)?,
             "--iters" => args.iters = number(value()?)?.max(1),
             "--max-materialized" => args.skip_materialized_above = number(value()?)?,
+            "--max-attention" => args.skip_attention_above = number(value()?)?,
             "--dtype" => {
                 args.dtype = match value()?.as_str() {
                     "f32" => DType::F32,
@@ -90,7 +93,8 @@ fn parse() -> Result<Args, String> {
             "--out" => args.out = Some(value()?),
             "--help" | "-h" => {
                 return Err("flags: --device flex|wgpu|vulkan|cuda --seqs 256,512 --batch 1 --heads 8 \
-                            --head-dim 64 --iters 5 --dtype f32|f16|bf16 --max-materialized 8192 --out FILE"
+                            --head-dim 64 --iters 5 --dtype f32|f16|bf16 --max-materialized 8192 \
+                            --max-attention T --out FILE"
                     .into());
             }
             other => return Err(format!("unknown flag `{other}` (see --help)")),
@@ -235,7 +239,9 @@ fn main() {
     for &seq in &args.seqs {
         let mut fused: Option<Measure> = None;
         for &method in &methods {
-            if matches!(method, Method::Materialized) && seq > args.skip_materialized_above {
+            if matches!(method, Method::Materialized) && seq > args.skip_materialized_above
+                || matches!(method, Method::BurnAttention) && seq > args.skip_attention_above
+            {
                 continue;
             }
             let m = measure(method, &args, &device, seq);

@@ -114,10 +114,74 @@ pub(crate) fn output(len: usize) -> Vec<f32> {
     vec![fill; len]
 }
 
+/// Runs `f` compiled for the best vector extension this CPU has (AVX2 + FMA on x86-64, where
+/// the default target is SSE2 only), chosen at run time. Everything `f` inlines is vectorised
+/// for it; the arithmetic is the same (no fast-math), so only speed changes.
+#[inline(always)]
+pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
+    pulp::Arch::new().dispatch(f)
+}
+
+/// `e^x` in f32, branch-free so loops over slices vectorise (libm's `expf` is a call per
+/// element). `x = n ln 2 + r` with `|r| <= ln 2 / 2`, `e^r` by its degree-6 Taylor polynomial
+/// (relative error below 2e-7, about one ulp), `2^n` built in the exponent bits. Inputs are
+/// clamped to `[-87, 88]`, where `e^x` is a normal f32: below, the result is `e^-87 ≈ 1.6e-38`
+/// instead of a denormal or 0, which no caller can tell from 0; NaN stays NaN.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in a high part exact in f32 and the rest, so r = x - n ln 2 loses nothing.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer with plain adds.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32); // 2^n
+    p * scale
+}
+
 /// `sigmoid(x) = 1 / (1 + e^-x)`.
-#[inline]
+#[inline(always)]
 pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+    1.0 / (1.0 + exp(-x))
+}
+
+/// Lanes of the hand-split reductions (a multiple of every x86/ARM f32 vector width): float sums
+/// and maxima are not reassociated by the compiler, so they are split by hand into this many
+/// partial results, combined in a fixed order (deterministic).
+pub(crate) const LANES: usize = 8;
+
+/// `max(init, max xs)`.
+#[inline(always)]
+pub(crate) fn max_of(xs: &[f32], init: f32) -> f32 {
+    let mut lanes = [init; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane = lane.max(x);
+        }
+    }
+    let tail = chunks.remainder().iter().fold(init, |m, &x| m.max(x));
+    lanes.iter().fold(tail, |m, &x| m.max(x))
+}
+
+/// `sum xs`, in [`LANES`] partial sums.
+#[inline(always)]
+pub(crate) fn sum_of(xs: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += x;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().sum();
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// A row-major `rows x cols` matrix view: element `(r, c)` is `data[r * rs + c * cs]`.

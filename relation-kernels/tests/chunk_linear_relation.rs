@@ -1,4 +1,4 @@
-//! The chunked Linear Relation kernels on `Device::wgpu` against the `relation-core` token loop
+//! The chunked Linear Relation kernels (Flex and `Device::wgpu`) against the `relation-core` token loop
 //! on Flex: outputs, final state and every gradient over a covering set of lengths, chunk sizes,
 //! head dims, dtypes and initial states; gate extremes; state carry; chunked prefill then
 //! recurrent decoding; the chunk-size error.

@@ -1,5 +1,5 @@
-//! FlashRelation on `Device::wgpu` against the `relation-core` references on Flex: forward,
-//! statistics and every gradient, over awkward shapes, in f32 and f16.
+//! FlashRelation's fused kernels (Flex and `Device::wgpu`) against the `relation-core` references on
+//! Flex: forward, statistics and every gradient, over awkward shapes, in f32 and f16.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};

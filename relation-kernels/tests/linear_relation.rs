@@ -1,4 +1,4 @@
-//! Linear Relation's fused kernels on `Device::wgpu` against the `relation-core` token loop on
+//! Linear Relation's fused kernels (Flex and `Device::wgpu`) against the `relation-core` token loop on
 //! Flex: outputs, final state and every gradient; state carry; prefill then decode.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};

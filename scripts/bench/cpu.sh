@@ -20,8 +20,8 @@ if [[ -n "${QUICK:-}" ]]; then SEQS=256,512; STEPS=6; fi
 THREADS=${RAYON_NUM_THREADS:-$(nproc)}
 export RAYON_NUM_THREADS=$THREADS
 
-cargo build --release -q -p relation-examples --examples
-cargo build --release -q -p relation-train
+# One invocation for both, so Burn is built once with one feature set.
+cargo build --release -q --workspace --examples --bins
 BIN=${CARGO_TARGET_DIR:-target}/release
 
 {
@@ -42,7 +42,7 @@ BIN=${CARGO_TARGET_DIR:-target}/release
   echo "## FlashRelation op on Flex"
   echo
   "$BIN/examples/flash_relation_bench" --device flex --seqs "$SEQS" --batch 4 --heads 8 \
-    --head-dim 48 --iters 3 --max-materialized 2048
+    --head-dim 48 --iters 2 --max-materialized 1024 --max-attention 2048
   echo
   echo "## Linear Relation op on Flex"
   echo

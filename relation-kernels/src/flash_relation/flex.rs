@@ -40,7 +40,8 @@ use rayon::prelude::*;
 
 use super::{NO_HISTORY_LSE, STATS};
 use crate::flex::{
-    Mat, dims4, gather_heads, gemm, output, read_f32, scatter_heads, sigmoid, tensor,
+    Mat, dims4, exp, gather_heads, gemm, max_of, output, read_f32, scatter_heads, sigmoid, simd,
+    sum_of, tensor,
 };
 use crate::launches;
 
@@ -127,7 +128,7 @@ pub(crate) fn forward(
                 .enumerate()
                 .for_each(|(block, ((y, ibar), stats))| {
                     let rows = Rows { y, ibar, stats };
-                    forward_block(head, block * BLOCK_Q, rows, lambda, scale, inv_tau);
+                    simd(|| forward_block(head, block * BLOCK_Q, rows, lambda, scale, inv_tau));
                 });
         });
 
@@ -153,6 +154,7 @@ struct Rows<'a> {
 }
 
 /// Query rows `i0 .. i0 + n` of one head.
+#[inline(always)] // into `simd`, so the row loops are vectorised for this CPU
 fn forward_block(head: Head<'_>, i0: usize, rows: Rows<'_>, lambda: f32, scale: f32, inv_tau: f32) {
     let d = head.d;
     let n = rows.y.len() / d;
@@ -179,22 +181,20 @@ fn forward_block(head: Head<'_>, i0: usize, rows: Rows<'_>, lambda: f32, scale: 
                 row.fill(0.0);
                 continue;
             }
-            let mut max = m[r];
             for x in &mut row[..valid] {
                 *x *= sigmoid(*x); // E = SiLU(U)
-                max = max.max(*x);
             }
+            let max = max_of(&row[..valid], m[r]);
             if max > m[r] {
-                let rescale = (m[r] - max).exp();
+                let rescale = exp(m[r] - max);
                 l[r] *= rescale;
                 z[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= rescale);
                 m[r] = max;
             }
-            let mut sum = 0.0f32;
             for x in &mut row[..valid] {
-                *x = (*x - max).exp(); // P = e^{E - m}
-                sum += *x;
+                *x = exp(*x - max); // P = e^{E - m}
             }
+            let sum = sum_of(&row[..valid]);
             l[r] += sum;
             row[valid..].fill(0.0);
         }
@@ -279,7 +279,7 @@ pub(crate) fn backward(
                 dy: &dy[span],
                 stats: &stats[bh * t * STATS..(bh + 1) * t * STATS],
             };
-            backward_head(head, saved, [dp1, dp2, dinfo], scale, inv_tau)
+            simd(|| backward_head(head, saved, [dp1, dp2, dinfo], scale, inv_tau))
         })
         .collect();
     // dlambda = -sum_i dA_i log i, over heads in a fixed order.
@@ -301,6 +301,7 @@ struct Saved<'a> {
 }
 
 /// Gradients of one head into `[dp1, dp2, dinfo]` (each `[T, D]`); returns `sum_i dA_i log i`.
+#[inline(always)] // into `simd`, so the element loops are vectorised for this CPU
 fn backward_head(
     head: Head<'_>,
     saved: Saved<'_>,
@@ -369,7 +370,7 @@ fn backward_head(
                 let shift = d_a[i] - d_row[i];
                 for (x, p) in u_row[..valid].iter_mut().zip(&mut p_row[..valid]) {
                     let sg = sigmoid(*x);
-                    let pi = (*x * sg - lse).exp();
+                    let pi = exp(*x * sg - lse);
                     let d_e = pi * (*p + shift);
                     *x = d_e * sg * (1.0 + *x * (1.0 - sg)); // dU = dE SiLU'(U)
                     *p = pi;

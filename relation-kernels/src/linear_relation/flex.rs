@@ -38,11 +38,9 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 use rayon::prelude::*;
 
-use crate::flex::{dims4, gather_heads, output, read_f32, scatter_heads, tensor};
+use crate::flex::{LANES, dims4, gather_heads, output, read_f32, scatter_heads, simd, tensor};
 use crate::launches;
 
-/// Lanes of the hand-split reductions (a multiple of every x86/ARM f32 vector width).
-const LANES: usize = 8;
 
 /// The inputs of one head, heads-first `[T, D]` each, and `D`.
 #[derive(Clone, Copy)]
@@ -60,6 +58,7 @@ impl Head<'_> {
     }
 
     /// Advance `state` (`C_{t-1}` -> `C_t`) over token `t`; with `read`, also `E_t` into it.
+    #[inline(always)]
     fn step(&self, state: &mut [f32], t: usize, read: Option<&mut [f32]>) {
         let d = self.d;
         let (q, k, v, g) = (
@@ -132,13 +131,15 @@ pub(crate) fn forward(
             };
             let (y, state) = out.split_at_mut(t * d);
             state.copy_from_slice(&h0[bh * d * d..(bh + 1) * d * d]);
-            for ti in 0..t {
-                let e = &mut y[ti * d..(ti + 1) * d];
-                head.step(state, ti, Some(e));
-                for (e, &v) in e.iter_mut().zip(head.row(head.v, ti)) {
-                    *e += v; // y = v + E
+            simd(|| {
+                for ti in 0..t {
+                    let e = &mut y[ti * d..(ti + 1) * d];
+                    head.step(state, ti, Some(e));
+                    for (e, &v) in e.iter_mut().zip(head.row(head.v, ti)) {
+                        *e += v; // y = v + E
+                    }
                 }
-            }
+            });
         });
     tensor(out, Shape::new([b, h, t + d, d]), dtype)
 }
@@ -187,7 +188,7 @@ pub(crate) fn backward(
             };
             let d_out = &d_out[bh * (t + d) * d..(bh + 1) * (t + d) * d];
             let h0 = &h0[bh * d * d..(bh + 1) * d * d];
-            backward_head(head, h0, d_out, grads);
+            simd(|| backward_head(head, h0, d_out, grads));
         });
 
     // Split the per-head blocks into the five gradients.
@@ -210,6 +211,7 @@ pub(crate) fn backward(
 }
 
 /// One head's backward into `grads = [dq | dk | dv | dg | dh0]`.
+#[inline(always)] // into `simd`
 fn backward_head(head: Head<'_>, h0: &[f32], d_out: &[f32], grads: &mut [f32]) {
     let d = head.d;
     let t = head.q.len() / d;
@@ -272,6 +274,7 @@ struct Token<'a> {
 
 /// Token `t` of the reverse pass: reads `C_{t-1}` (`prev`) and `dC = ∂L/∂C_t` (`d_state`),
 /// writes the token's gradients and leaves `∂L/∂C_{t-1}` in `d_state`.
+#[inline(always)]
 fn token_backward(
     head: Head<'_>,
     t: usize,
