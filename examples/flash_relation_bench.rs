@@ -92,10 +92,12 @@ fn parse() -> Result<Args, String> {
             }
             "--out" => args.out = Some(value()?),
             "--help" | "-h" => {
-                return Err("flags: --device flex|wgpu|vulkan|cuda --seqs 256,512 --batch 1 --heads 8 \
+                return Err(
+                    "flags: --device flex|wgpu|vulkan|cuda --seqs 256,512 --batch 1 --heads 8 \
                             --head-dim 64 --iters 5 --dtype f32|f16|bf16 --max-materialized 8192 \
                             --max-attention T --out FILE"
-                    .into());
+                        .into(),
+                );
             }
             other => return Err(format!("unknown flag `{other}` (see --help)")),
         }

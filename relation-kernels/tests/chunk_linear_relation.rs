@@ -44,6 +44,7 @@ fn run(x: &On, chunk: usize, strategy: Strategy) -> LinearRelationOutput {
 }
 
 /// Forward (and, when `grads`, every gradient) of the chunked kernel against the token loop.
+#[allow(clippy::too_many_arguments)] // the case's dimensions, each named at the call
 fn check_case(
     device: &Device,
     dims: [usize; 4],

@@ -33,7 +33,7 @@ BIN=${CARGO_TARGET_DIR:-target}/release
   echo
   if [[ -n "${TORCH_PYTHON:-}" ]]; then
     echo '```'
-    "$TORCH_PYTHON" ../shared/bench/torch_cpu_relation.py 4 512 8 48
+    "$TORCH_PYTHON" ../shared/bench/torch_cpu_relation.py 4 512 8 48 2>/dev/null
     echo '```'
   else
     echo "(skipped: set TORCH_PYTHON to a python with torch)"

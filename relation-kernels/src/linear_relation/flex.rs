@@ -41,7 +41,6 @@ use rayon::prelude::*;
 use crate::flex::{LANES, dims4, gather_heads, output, read_f32, scatter_heads, simd, tensor};
 use crate::launches;
 
-
 /// The inputs of one head, heads-first `[T, D]` each, and `D`.
 #[derive(Clone, Copy)]
 struct Head<'a> {
