@@ -32,21 +32,20 @@ pub(crate) fn dims4(x: &FlexTensor) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
 
-/// The elements of `x` in row-major order, as f32.
+/// Calls `f` with the elements of `x` in row-major order as f32: borrowed when `x` is already a
+/// contiguous f32 tensor, converted once otherwise.
 ///
 /// # Panics
 /// On a non-float dtype (the Tensor-level entry points only pass float tensors).
-pub(crate) fn read_f32(x: &FlexTensor) -> Vec<f32> {
+fn with_f32<R>(x: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
     const CONTIGUOUS: &str = "a contiguous tensor has a contiguous slice";
     let x = x.to_contiguous();
-    match x.dtype() {
-        DType::F32 => x.as_slice::<f32>().expect(CONTIGUOUS).to_vec(),
-        DType::F16 => x
-            .as_slice::<f16>()
-            .expect(CONTIGUOUS)
-            .iter()
-            .map(|v| v.to_f32())
-            .collect(),
+    let converted: Vec<f32> = match x.dtype() {
+        DType::F32 => return f(x.as_slice::<f32>().expect(CONTIGUOUS)),
+        DType::F16 => {
+            let s = x.as_slice::<f16>().expect(CONTIGUOUS);
+            s.iter().map(|v| v.to_f32()).collect()
+        }
         DType::BF16 => {
             let s = x.as_slice::<bf16>().expect(CONTIGUOUS);
             s.iter().map(|v| v.to_f32()).collect()
@@ -56,39 +55,40 @@ pub(crate) fn read_f32(x: &FlexTensor) -> Vec<f32> {
             s.iter().map(|&v| v as f32).collect()
         }
         other => panic!("relation-kernels (flex): unsupported dtype {other:?}"),
-    }
+    };
+    f(&converted)
 }
 
-/// `[B, T, H, D]` (any dtype, any layout) -> f32 `[B·H, T, D]`.
-pub(crate) fn gather_heads(x: &FlexTensor) -> Vec<f32> {
-    let [b, t, h, d] = dims4(x);
-    let flat = read_f32(x); // [B, T, H, D]
-    let mut out = vec![0.0f32; flat.len()]; // [B, H, T, D]
-    for bi in 0..b {
-        for ti in 0..t {
-            for hi in 0..h {
-                let src = ((bi * t + ti) * h + hi) * d;
-                let dst = ((bi * h + hi) * t + ti) * d;
-                out[dst..dst + d].copy_from_slice(&flat[src..src + d]);
+/// The elements of `x` in row-major order, as f32.
+pub(crate) fn read_f32(x: &FlexTensor) -> Vec<f32> {
+    with_f32(x, <[f32]>::to_vec)
+}
+
+/// Swaps axes 1 and 2 of a row-major `[outer, a, b, d]` array: the result is `[outer, b, a, d]`.
+fn swap_axes_12(src: &[f32], [outer, a, b, d]: [usize; 4]) -> Vec<f32> {
+    let mut out = vec![0.0f32; src.len()];
+    for o in 0..outer {
+        for i in 0..a {
+            for j in 0..b {
+                let from = ((o * a + i) * b + j) * d;
+                let to = ((o * b + j) * a + i) * d;
+                out[to..to + d].copy_from_slice(&src[from..from + d]);
             }
         }
     }
     out
 }
 
+/// `[B, T, H, D]` (any dtype, any layout) -> f32 `[B·H, T, D]`.
+pub(crate) fn gather_heads(x: &FlexTensor) -> Vec<f32> {
+    let dims = dims4(x);
+    with_f32(x, |flat| swap_axes_12(flat, dims)) // [B, T, H, D] -> [B, H, T, D]
+}
+
 /// f32 `[B·H, T, D]` -> `[B, T, H, D]` in `dtype`.
 pub(crate) fn scatter_heads(data: &[f32], dims: [usize; 4], dtype: DType) -> FlexTensor {
     let [b, t, h, d] = dims;
-    let mut flat = vec![0.0f32; data.len()]; // [B, T, H, D]
-    for bi in 0..b {
-        for hi in 0..h {
-            for ti in 0..t {
-                let src = ((bi * h + hi) * t + ti) * d;
-                let dst = ((bi * t + ti) * h + hi) * d;
-                flat[dst..dst + d].copy_from_slice(&data[src..src + d]);
-            }
-        }
-    }
+    let flat = swap_axes_12(data, [b, h, t, d]); // [B, H, T, D] -> [B, T, H, D]
     tensor(flat, Shape::new(dims), dtype)
 }
 

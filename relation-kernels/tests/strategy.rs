@@ -22,8 +22,14 @@ fn flex_has_kernels_and_reference_stays_available() {
     for strategy in [Strategy::Auto, Strategy::Fused, Strategy::Reference] {
         let before = launches::self_relation();
         let got = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, strategy).unwrap();
-        let ran = launches::self_relation() > before;
-        assert_eq!(ran, strategy != Strategy::Reference, "{strategy:?}");
+        // Other tests launch kernels concurrently, so only "it ran" can be asserted; that
+        // Reference computes the reference is shown by the comparison below.
+        if strategy != Strategy::Reference {
+            assert!(
+                launches::self_relation() > before,
+                "{strategy:?}: no kernel ran"
+            );
+        }
         assert_close(&format!("{strategy:?} on flex"), &got, &reference, tol);
     }
     let err = self_relation(p1, p2, -1.0, Strategy::Auto).unwrap_err();
