@@ -107,6 +107,7 @@ pub fn same_device<const N: usize>(
     if got != expected {
         return Err(RelationError::DeviceMismatch {
             name,
+            reference: "p1",
             expected: format!("{expected:?}"),
             got: format!("{got:?}"),
         });

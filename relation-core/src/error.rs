@@ -84,14 +84,26 @@ pub enum RelationError {
         chunk_size: usize,
     },
     /// An argument lives on another device than the first input.
-    #[error("`{name}` is on device {got}, but `p1` is on {expected}")]
+    #[error("`{name}` is on device {got}, but `{reference}` is on {expected}")]
     DeviceMismatch {
         /// Argument name.
         name: &'static str,
-        /// Device of `p1`.
+        /// The argument whose device is taken as the reference (the first input).
+        reference: &'static str,
+        /// Device of the reference argument.
         expected: String,
         /// Device of the argument.
         got: String,
+    },
+    /// A target token id is outside the vocabulary of the logits.
+    #[error("target {index} is token id {value}, outside the vocabulary 0..{vocab}")]
+    TargetOutOfRange {
+        /// Position of the target in the flattened `[N]` targets.
+        index: usize,
+        /// The id that was passed.
+        value: i64,
+        /// Vocabulary size `V` (the logits' last dimension).
+        vocab: usize,
     },
 }
 

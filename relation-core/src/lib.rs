@@ -14,6 +14,8 @@
 //! | last rows for cached decoding (§4) | [`naive_relation_rows`] |
 //! | Givens head mixing (§2) | [`givens_mix`] |
 //! | RoPE on P1/P2 (base 1e4, full head dim) | [`rope`] |
+//! | SwiGLU gate `SiLU(g) ⊙ u` | [`naive_swiglu`] |
+//! | per-token cross-entropy (the training loss) | [`naive_cross_entropy`] |
 //!
 //! ## Layout
 //!
@@ -28,6 +30,7 @@ pub mod check;
 pub mod error;
 pub mod givens;
 pub mod linear;
+pub mod lm;
 pub mod relation;
 pub mod rng;
 pub mod rope;
@@ -39,6 +42,7 @@ pub use linear::{
     LinearRelationOutput, kda_log_gates, l2_normalize, naive_chunk_linear_relation,
     naive_recurrent_linear_relation,
 };
+pub use lm::{naive_cross_entropy, naive_swiglu};
 pub use relation::{
     FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
     naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,

@@ -184,3 +184,53 @@ fn givens_and_rope_limits() {
         "{err}"
     );
 }
+
+#[test]
+fn cross_entropy_names_the_bad_target_and_the_vocabulary() {
+    let logits = uniform([3, 5], 1, 1.0, &cpu(), DType::F32);
+    let targets = Tensor::<1, burn::tensor::Int>::from_data([0i64, 5, 1], &cpu());
+    let err = relation_core::naive_cross_entropy(logits.clone(), targets).unwrap_err();
+    assert_eq!(
+        err,
+        RelationError::TargetOutOfRange {
+            index: 1,
+            value: 5,
+            vocab: 5
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "target 1 is token id 5, outside the vocabulary 0..5"
+    );
+    let empty = Tensor::<2>::zeros([0, 5], &cpu());
+    let none = Tensor::<1, burn::tensor::Int>::zeros([0], &cpu());
+    assert!(matches!(
+        relation_core::naive_cross_entropy(empty, none),
+        Err(RelationError::EmptyDimension {
+            name: "logits",
+            dim: 'N',
+            ..
+        })
+    ));
+    let err = relation_core::naive_swiglu(t4([1, 2, 2, 2]), t4([1, 2, 2, 4])).unwrap_err();
+    assert!(
+        matches!(err, RelationError::ShapeMismatch { name: "up", .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn cross_entropy_matches_log_sum_exp_by_hand() {
+    // Row [1, 2, 3] with target 2: lse = ln(e + e^2 + e^3), nll = lse - 3.
+    let logits =
+        Tensor::<2>::from_data([[1.0f64, 2.0, 3.0], [0.0, 0.0, 0.0]], (&cpu(), DType::F64));
+    let targets = Tensor::<1, burn::tensor::Int>::from_data([2i64, 0], &cpu());
+    let nll: Vec<f64> = relation_core::naive_cross_entropy(logits, targets)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    let lse = (1f64.exp() + 2f64.exp() + 3f64.exp()).ln();
+    assert!((nll[0] - (lse - 3.0)).abs() < 1e-12, "{}", nll[0]);
+    assert!((nll[1] - 3f64.ln()).abs() < 1e-12, "{}", nll[1]);
+}

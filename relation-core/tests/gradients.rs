@@ -6,8 +6,9 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, SplitMix64, tolerance, uniform};
 use relation_core::{
-    DEFAULT_TAU, givens_mix, naive_chunk_linear_relation, naive_factorized_relation,
-    naive_parallel_relation, naive_recurrent_linear_relation, rope,
+    DEFAULT_TAU, givens_mix, naive_chunk_linear_relation, naive_cross_entropy,
+    naive_factorized_relation, naive_parallel_relation, naive_recurrent_linear_relation,
+    naive_swiglu, rope,
 };
 
 use crate::common::cpu;
@@ -185,5 +186,30 @@ fn chunk_linear_relation_gradients() {
         )
         .unwrap();
         Tensor::cat(vec![out.y, out.state.swap_dims(1, 2)], 1)
+    });
+}
+
+#[test]
+fn swiglu_gradients() {
+    let inputs = [input("gate", N, 5, 3.0, 0.0), input("up", N, 6, 1.0, 0.0)];
+    check_gradients("naive_swiglu", &inputs, |x| {
+        naive_swiglu(x[0].clone().reshape(DIMS), x[1].clone().reshape(DIMS)).unwrap()
+    });
+}
+
+#[test]
+fn cross_entropy_gradients() {
+    // Logits [N = 6, V = 8], one target per row; the output [6] is shaped [6, 1, 1, 1].
+    let targets: Vec<i64> = vec![0, 7, 3, 3, 5, 1];
+    let inputs = [input("logits", N, 7, 2.0, 0.0)];
+    check_gradients("naive_cross_entropy", &inputs, |x| {
+        let device = x[0].device();
+        let t = Tensor::<1, burn::tensor::Int>::from_data(
+            TensorData::new(targets.clone(), [6]),
+            &device,
+        );
+        naive_cross_entropy(x[0].clone().reshape([6, 8]), t)
+            .unwrap()
+            .reshape([6, 1, 1, 1])
     });
 }

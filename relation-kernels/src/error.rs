@@ -9,13 +9,16 @@ pub enum KernelError {
     /// The inputs break a rule of the computation itself (shape, head count, tau…).
     #[error(transparent)]
     Invalid(#[from] RelationError),
-    /// [`Strategy::Fused`](crate::Strategy::Fused) was asked for on a device without CubeCL.
+    /// [`Strategy::Fused`](crate::Strategy::Fused) was asked for on a device without a fused
+    /// kernel for the operation.
     #[error(
-        "no fused `{op}` kernel on device {device}: it needs a CubeCL device (wgpu, vulkan, metal, cuda, rocm, cpu); use Strategy::Auto or Strategy::Reference"
+        "no fused `{op}` kernel on device {device}: it has one on {available}; use Strategy::Auto or Strategy::Reference"
     )]
     FusedUnavailable {
         /// The operation.
         op: &'static str,
+        /// The devices that do have the kernel.
+        available: &'static str,
         /// The device that was passed.
         device: String,
     },

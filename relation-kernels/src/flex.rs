@@ -37,7 +37,7 @@ pub(crate) fn dims4(x: &FlexTensor) -> [usize; 4] {
 ///
 /// # Panics
 /// On a non-float dtype (the Tensor-level entry points only pass float tensors).
-fn with_f32<R>(x: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
+pub(crate) fn with_f32<R>(x: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
     const CONTIGUOUS: &str = "a contiguous tensor has a contiguous slice";
     let x = x.to_contiguous();
     let converted: Vec<f32> = match x.dtype() {

@@ -17,6 +17,7 @@
 //! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `flash_relation/cube.rs` | `flash_relation/flex.rs` (tiled, online softmax, GEMM tiles, all cores) |
 //! | [`linear_relation`], [`linear_relation_step`] (= [`recurrent_linear_relation_step`]), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `linear_relation/cube_recurrent.rs` | `linear_relation/flex.rs` (state in cache, checkpointed scan, all cores) |
 //! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `linear_relation/cube_chunk.rs` (GLA-style chunked) | `linear_relation/flex.rs` (chunk-checkpointed scan) |
+//! | [`swiglu`], [`cross_entropy`] (the model's element-wise hot spots), forward and backward | `naive_swiglu` / `naive_cross_entropy` | none: Burn's fusion compiles the reference | `lm/flex.rs` (one pass each, all cores) |
 //!
 //! [`Device`]: burn::tensor::Device
 
@@ -33,6 +34,7 @@ mod flash_relation;
 #[cfg(feature = "flex")]
 mod flex;
 mod linear_relation;
+mod lm;
 // Without any kernel backend the generated extension code leaves the kernel parameters unused.
 #[cfg_attr(not(any(feature = "cube", feature = "flex")), allow(unused_variables))]
 mod ops;
@@ -45,6 +47,9 @@ pub use linear_relation::{
     CHUNK_SIZES, MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, chunk_linear_relation, linear_relation,
     linear_relation_step, recurrent_linear_relation_step,
 };
+#[cfg(feature = "flex")]
+pub use lm::LmOps;
+pub use lm::{cross_entropy, swiglu};
 pub use ops::RelationOps;
 pub use self_relation::self_relation;
 pub use strategy::{Strategy, has_kernels, is_cube, is_flex};
@@ -63,6 +68,18 @@ pub mod launches {
     pub(crate) static LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
     pub(crate) static CHUNK_LINEAR_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
     pub(crate) static CHUNK_LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static SWIGLU: AtomicUsize = AtomicUsize::new(0);
+    pub(crate) static CROSS_ENTROPY: AtomicUsize = AtomicUsize::new(0);
+
+    /// Launches of the fused SwiGLU kernels (forward and backward).
+    pub fn swiglu() -> usize {
+        SWIGLU.load(Ordering::SeqCst)
+    }
+
+    /// Launches of the fused cross-entropy kernels (forward and backward).
+    pub fn cross_entropy() -> usize {
+        CROSS_ENTROPY.load(Ordering::SeqCst)
+    }
 
     /// Launches of the `self_relation` kernel.
     pub fn self_relation() -> usize {

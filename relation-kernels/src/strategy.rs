@@ -18,12 +18,33 @@ pub enum Strategy {
 impl Strategy {
     /// Whether this strategy runs the fused kernel on `device`, or the error to return.
     pub(crate) fn use_fused(self, op: &'static str, device: &Device) -> crate::Result<bool> {
+        let available = "CubeCL devices (wgpu, vulkan, metal, cuda, rocm, cpu) and Flex";
+        self.decide(op, device, has_kernels(device), available)
+    }
+
+    /// As [`use_fused`](Self::use_fused) for operations whose only fused kernel is Flex's (the
+    /// language-model element-wise ops): CubeCL devices take the reference, which Burn's fusion
+    /// compiles into one kernel.
+    pub(crate) fn use_fused_flex(self, op: &'static str, device: &Device) -> crate::Result<bool> {
+        self.decide(op, device, is_flex(device), "Flex")
+    }
+
+    /// `Auto` fuses where `here` (the device has the kernel); `Fused` elsewhere is an error
+    /// naming the devices that have it.
+    fn decide(
+        self,
+        op: &'static str,
+        device: &Device,
+        here: bool,
+        available: &'static str,
+    ) -> crate::Result<bool> {
         match self {
             Self::Reference => Ok(false),
-            Self::Auto => Ok(has_kernels(device)),
-            Self::Fused if has_kernels(device) => Ok(true),
+            Self::Auto => Ok(here),
+            Self::Fused if here => Ok(true),
             Self::Fused => Err(crate::KernelError::FusedUnavailable {
                 op,
+                available,
                 device: format!("{device:?}"),
             }),
         }

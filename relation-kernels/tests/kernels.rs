@@ -10,6 +10,7 @@ mod chunk_linear_relation;
 mod flash_relation;
 mod flex_threads;
 mod linear_relation;
+mod lm;
 mod strategy;
 #[cfg(feature = "wgpu")]
 mod wgpu_smoke;

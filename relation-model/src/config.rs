@@ -71,6 +71,16 @@ pub struct RelationLmConfig {
     /// Rank of the Linear Relation retention projection `W_up W_down`. Default: 0 = head dim.
     #[config(default = 0)]
     pub gate_rank: usize,
+    /// Whether the count-calibration `lambda` of the Full Relation layers is learned. `false`
+    /// keeps it at [`lambda_init`](Self::lambda_init) (with `lambda_init = 0`, the ablation
+    /// "no count calibration"). Default: true.
+    #[config(default = true)]
+    pub lambda_trainable: bool,
+    /// Givens mixing of the information heads (spec §2) in the Full and Linear Relation layers.
+    /// `false` is the ablation "no Givens"; it also lifts the even-head rule, so `n_heads = 1`
+    /// is the single-head Relation. Default: true.
+    #[config(default = true)]
+    pub givens: bool,
 }
 
 impl RelationLmConfig {
@@ -132,7 +142,7 @@ impl RelationLmConfig {
                 return Err(ModelError::Zero { name });
             }
         }
-        check_heads(self.d_model, self.n_heads)?;
+        check_heads(self.d_model, self.n_heads, self.givens)?;
         relation_core::check::tau(self.tau)?;
         self.mixers().map(|_| ())
     }
@@ -166,13 +176,13 @@ impl RelationLmConfig {
         &["tiny", "small", "10m", "30m", "100m", "hybrid-32m"];
 }
 
-/// Checks that `d_model` splits into an even number of heads of even width (Givens pairs heads,
-/// RoPE pairs channels).
+/// Checks that `d_model` splits into heads of even width (RoPE pairs channels), an even number of
+/// them when `paired_heads` (Givens mixing pairs heads).
 ///
 /// # Errors
 /// [`ModelError::Zero`], [`ModelError::IndivisibleWidth`], [`ModelError::OddHeads`],
 /// [`ModelError::OddHeadDim`].
-pub fn check_heads(d_model: usize, n_heads: usize) -> crate::Result<()> {
+pub fn check_heads(d_model: usize, n_heads: usize, paired_heads: bool) -> crate::Result<()> {
     if d_model == 0 {
         return Err(ModelError::Zero { name: "d_model" });
     }
@@ -185,7 +195,7 @@ pub fn check_heads(d_model: usize, n_heads: usize) -> crate::Result<()> {
             heads: n_heads,
         });
     }
-    if n_heads % 2 == 1 {
+    if paired_heads && n_heads % 2 == 1 {
         return Err(ModelError::OddHeads { heads: n_heads });
     }
     if (d_model / n_heads) % 2 == 1 {

@@ -16,7 +16,9 @@ pub enum ModelError {
         heads: usize,
     },
     /// Givens mixing pairs heads.
-    #[error("n_heads must be even (Givens head mixing pairs heads), got {heads}")]
+    #[error(
+        "n_heads must be even (Givens head mixing pairs heads), got {heads}; turn Givens off (`givens = false`, `--no-givens`) for an odd count"
+    )]
     OddHeads {
         /// Head count.
         heads: usize,

@@ -116,6 +116,8 @@ impl RelationLmConfig {
                         .with_layer(layer)
                         .with_tau(tau)
                         .with_lambda_init(self.lambda_init)
+                        .with_lambda_trainable(self.lambda_trainable)
+                        .with_givens(self.givens)
                         .with_rope_base(self.rope_base)
                         .init(device)?,
                 ),
@@ -125,6 +127,7 @@ impl RelationLmConfig {
                         .with_tau(tau)
                         .with_rope_base(self.rope_base)
                         .with_gate_rank(self.gate_rank())
+                        .with_givens(self.givens)
                         .init(device)?,
                 ),
                 MixerKind::Attention => Mixer::Attention(
@@ -164,8 +167,17 @@ impl RelationLm {
 
     /// Logits from hidden states with the tied embedding: `h E^T`.
     fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+        let [b, t, d] = h.dims();
         let e = self.embedding.weight.val(); // [V, d]
-        self.norm.forward(h).matmul(e.transpose().unsqueeze::<3>())
+        // One [B·T, d] x [d, V] product: its weight gradient is a single GEMM over all tokens
+        // rather than B products summed afterwards (see `layers::dense`).
+        let logits = self
+            .norm
+            .forward(h)
+            .reshape([b * t, d])
+            .matmul(e.transpose()); // [B·T, V]
+        let v = logits.dims()[1];
+        logits.reshape([b, t, v]) // [B, T, V]
     }
 
     /// Next-token logits for every position.
@@ -183,7 +195,7 @@ impl RelationLm {
                 + block
                     .mixer
                     .forward(block.norm_mixer.forward(h), None, &mut scores)?;
-            h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h));
+            h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h))?;
         }
         Ok(self.logits(h))
     }
@@ -211,7 +223,7 @@ impl RelationLm {
             h = h + block
                 .mixer
                 .forward(normed, Some(layer_cache), &mut scores)?;
-            h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h));
+            h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h))?;
         }
         Ok(self.logits(h))
     }

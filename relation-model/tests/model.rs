@@ -342,3 +342,67 @@ fn delta_rule_step_matches_the_matrix_formula() {
         tolerance(DType::F64, Check::Forward),
     );
 }
+
+/// The ablation switches of the paper (spec §6): each changes exactly what it names.
+#[test]
+fn ablation_switches_do_what_they_say() {
+    let device = Device::flex();
+    let tracked = device.clone().autodiff();
+    let x = tokens(2, 9, 97, 3, &device);
+    let lambda_grad = |config: &RelationLmConfig| {
+        let lm = model(config, &tracked);
+        let grads = lm.forward(x.clone()).unwrap().sum().backward();
+        let Mixer::Full(layer) = &lm.blocks[0].mixer else {
+            panic!("pattern F")
+        };
+        (
+            layer.lambda.val().grad(&grads),
+            layer.lambda.val().into_scalar::<f64>(),
+        )
+    };
+
+    // Frozen lambda: no gradient, so the optimizer never moves it; lambda = 0 is then a real
+    // "no count calibration" model.
+    let (grad, value) = lambda_grad(&tiny("F", 2));
+    assert!(grad.is_some(), "trainable lambda has a gradient");
+    assert_eq!(value, 0.5);
+    let frozen = tiny("F", 2)
+        .with_lambda_init(0.0)
+        .with_lambda_trainable(false);
+    let (grad, value) = lambda_grad(&frozen);
+    assert!(grad.is_none(), "a frozen lambda has no gradient");
+    assert_eq!(value, 0.0);
+
+    // No Givens: no angles (H / 2 fewer parameters per Relation layer) and odd head counts,
+    // down to the single-head Relation.
+    let with = model(&tiny("FL", 2), &device).num_params();
+    let without = model(&tiny("FL", 2).with_givens(false), &device).num_params();
+    assert_eq!(
+        with - without,
+        2 * 2,
+        "H / 2 = 2 angles in each of 2 layers"
+    );
+    for pattern in ["F", "L"] {
+        let single = RelationLmConfig::new(97, 32, 2, 1, 64)
+            .with_pattern(pattern.into())
+            .with_givens(false);
+        let logits = model(&single, &device).forward(x.clone()).unwrap();
+        assert_eq!(logits.dims(), [2, 9, 97], "single head {pattern}");
+        assert_eq!(
+            RelationLmConfig::new(97, 32, 2, 1, 64)
+                .with_pattern(pattern.into())
+                .init(&device)
+                .unwrap_err(),
+            ModelError::OddHeads { heads: 1 },
+            "one head needs Givens off"
+        );
+    }
+
+    // tau changes the Self share, hence the logits, and nothing else about the model.
+    let base = model(&tiny("F", 2), &device).forward(x.clone()).unwrap();
+    let hot = model(&tiny("F", 2).with_tau(1.0), &device)
+        .forward(x.clone())
+        .unwrap();
+    let diff = (base - hot).abs().max().into_scalar::<f64>();
+    assert!(diff > 1e-6, "tau 1 vs 2 must change the logits ({diff})");
+}

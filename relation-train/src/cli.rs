@@ -1,4 +1,4 @@
-//! The `relation` command line: `train`, `eval`, `generate`.
+//! The `relation` command line: `train`, `eval`, `generate`, `report`.
 
 use std::path::PathBuf;
 
@@ -31,6 +31,23 @@ pub enum Command {
     Eval(EvalArgs),
     /// Sample text from a run's checkpoint, with the model's incremental-decoding cache.
     Generate(GenerateArgs),
+    /// The results table and plots of a folder of runs named `<variant>-s<seed>`
+    /// (scripts/experiments/small.sh makes them).
+    Report(ReportArgs),
+}
+
+/// `relation report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Folder holding the runs (`<variant>-s<seed>/`).
+    #[arg(value_name = "DIR")]
+    pub runs: PathBuf,
+    /// Where `table.md`, `val.png` and `gap.png` go (created).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The variant the others are compared with.
+    #[arg(long, default_value = "A")]
+    pub baseline: String,
 }
 
 /// `relation train`.
@@ -81,12 +98,26 @@ pub struct TrainArgs {
     /// Number of layers.
     #[arg(long, help_heading = "Model")]
     pub n_layers: Option<usize>,
-    /// Number of heads (even).
+    /// Number of heads (even, unless --no-givens).
     #[arg(long, help_heading = "Model")]
     pub n_heads: Option<usize>,
     /// FFN width.
     #[arg(long, help_heading = "Model")]
     pub d_ff: Option<usize>,
+    /// Self temperature tau_S of the Relation layers (default 2).
+    #[arg(long, help_heading = "Model")]
+    pub tau: Option<f64>,
+    /// Initial count calibration lambda of the Full Relation layers (default 0.5).
+    #[arg(long, help_heading = "Model")]
+    pub lambda_init: Option<f64>,
+    /// Keep lambda fixed at --lambda-init (ablation: --lambda-init 0 --freeze-lambda is Relation
+    /// without count calibration).
+    #[arg(long, help_heading = "Model")]
+    pub freeze_lambda: bool,
+    /// Turn Givens head mixing off (ablation); also allows an odd head count, e.g. --n-heads 1
+    /// for the single-head Relation.
+    #[arg(long, help_heading = "Model")]
+    pub no_givens: bool,
 
     // Data.
     /// Training text: files, folders (.txt, .md, .jsonl inside) or JSON Lines with a `text`
@@ -96,6 +127,10 @@ pub struct TrainArgs {
     /// Share of the text held out for validation (default 0.05).
     #[arg(long, help_heading = "Data")]
     pub val_fraction: Option<f64>,
+    /// How the text is split: hash (default; by a hash of each document or paragraph group) or
+    /// contiguous (first 1 - 2 v of the bytes train, the next v validate, the last v is unread).
+    #[arg(long, value_enum, help_heading = "Data")]
+    pub split: Option<crate::config::SplitMode>,
     /// Vocabulary of the BPE tokenizer trained on the training split (default 4096).
     #[arg(long, help_heading = "Data")]
     pub vocab_size: Option<usize>,
@@ -183,7 +218,12 @@ impl TrainArgs {
             "--n-layers": self.n_layers.map(Some) => cfg.model.n_layers,
             "--n-heads": self.n_heads.map(Some) => cfg.model.n_heads,
             "--d-ff": self.d_ff.map(Some) => cfg.model.d_ff,
+            "--tau": self.tau.map(Some) => cfg.model.tau,
+            "--lambda-init": self.lambda_init.map(Some) => cfg.model.lambda_init,
+            "--freeze-lambda": self.freeze_lambda.then_some(Some(false)) => cfg.model.lambda_trainable,
+            "--no-givens": self.no_givens.then_some(Some(false)) => cfg.model.givens,
             "--val-fraction": self.val_fraction => cfg.data.val_fraction,
+            "--split": self.split => cfg.data.split,
             "--vocab-size": self.vocab_size => cfg.data.vocab_size,
             "--tokenizer": self.tokenizer.clone().map(Some) => cfg.data.tokenizer,
             "--seq-len": self.seq_len => cfg.train.seq_len,
@@ -293,7 +333,34 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Train(args) => run_train(&args),
         Command::Eval(args) => run_eval(&args),
         Command::Generate(args) => run_generate(&args),
+        Command::Report(args) => run_report(&args),
     }
+}
+
+fn run_report(args: &ReportArgs) -> Result<()> {
+    let runs = crate::report::read_runs(&args.runs)?;
+    if runs.is_empty() {
+        return Err(TrainError::RunDir {
+            path: args.runs.clone(),
+            reason: "holds no `<variant>-s<seed>` run with a metrics.csv".into(),
+        });
+    }
+    std::fs::create_dir_all(&args.out).map_err(crate::error::io(&args.out))?;
+    let table = crate::report::table(&runs, &args.baseline);
+    let path = args.out.join("table.md");
+    std::fs::write(&path, &table).map_err(crate::error::io(&path))?;
+    println!("{table}");
+    for r in runs.iter().filter(|r| !r.finished()) {
+        println!(
+            "unfinished (not in the table): {}-s{} at step {}/{}",
+            r.variant, r.seed, r.last_step, r.steps
+        );
+    }
+    if let Err(e) = crate::report::plots(&runs, &args.baseline, &args.out) {
+        eprintln!("warning: no plots ({e})");
+    }
+    println!("wrote {}, val.png, gap.png", path.display());
+    Ok(())
 }
 
 fn run_train(args: &TrainArgs) -> Result<()> {

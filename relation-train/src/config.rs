@@ -58,6 +58,14 @@ pub struct ModelSpec {
     pub n_heads: Option<usize>,
     /// FFN width override.
     pub d_ff: Option<usize>,
+    /// Self temperature `tau_S` override (default 2).
+    pub tau: Option<f64>,
+    /// Initial count-calibration `lambda` override (default 0.5).
+    pub lambda_init: Option<f64>,
+    /// `false` freezes `lambda` at `lambda_init` (with `lambda_init = 0`: no count calibration).
+    pub lambda_trainable: Option<bool>,
+    /// `false` turns Givens head mixing off (and allows an odd head count, e.g. one head).
+    pub givens: Option<bool>,
 }
 
 impl Default for ModelSpec {
@@ -69,6 +77,10 @@ impl Default for ModelSpec {
             n_layers: None,
             n_heads: None,
             d_ff: None,
+            tau: None,
+            lambda_init: None,
+            lambda_trainable: None,
+            givens: None,
         }
     }
 }
@@ -115,9 +127,32 @@ impl ModelSpec {
         if let Some(v) = self.d_ff {
             config.d_ff = v;
         }
+        if let Some(v) = self.tau {
+            config.tau = v;
+        }
+        if let Some(v) = self.lambda_init {
+            config.lambda_init = v;
+        }
+        if let Some(v) = self.lambda_trainable {
+            config.lambda_trainable = v;
+        }
+        if let Some(v) = self.givens {
+            config.givens = v;
+        }
         config.validate()?;
         Ok(config)
     }
+}
+
+/// How the corpus is split into training and validation text ([`DataSpec::split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum SplitMode {
+    /// By a hash of each unit's text.
+    #[default]
+    Hash,
+    /// In reading order: train, then validation, then an unread test part.
+    Contiguous,
 }
 
 /// Where the text comes from and how it becomes tokens.
@@ -127,9 +162,13 @@ pub struct DataSpec {
     /// Text files, folders (searched recursively for `.txt`, `.md`, `.jsonl`) and JSON Lines
     /// files with a `text` field. Empty: the shipped corpus (Moby Dick, compiled in).
     pub sources: Vec<PathBuf>,
-    /// Share of the text held out for validation (by a hash of each document or paragraph
-    /// group, so the split does not depend on file order).
+    /// Share of the text held out for validation.
     pub val_fraction: f64,
+    /// How units go to validation: `hash` (default; by a hash of each document or paragraph
+    /// group, so the split does not depend on file order) or `contiguous` (in reading order: the
+    /// first `1 - 2 val_fraction` of the bytes train, the next `val_fraction` validate, the last
+    /// `val_fraction` is a test part no command reads — the usual split of one long text).
+    pub split: SplitMode,
     /// Vocabulary size of the byte-level BPE tokenizer trained on the training split.
     pub vocab_size: usize,
     /// An existing `tokenizer.json` to use instead of training one.
@@ -144,6 +183,7 @@ impl Default for DataSpec {
         Self {
             sources: Vec::new(),
             val_fraction: 0.05,
+            split: SplitMode::Hash,
             vocab_size: 4096,
             tokenizer: None,
             cache_dir: None,

@@ -21,7 +21,7 @@ use tokenizers::normalizers::NormalizerWrapper;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
-use crate::config::DataSpec;
+use crate::config::{DataSpec, SplitMode};
 use crate::error::io;
 use crate::{Result, TrainError};
 
@@ -156,7 +156,7 @@ pub fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// The split units: the documents themselves when there are enough of them, else each document
-/// cut at blank lines into groups of up to [`GROUP_BYTES`] (fewer bytes for small corpora, so
+/// cut at blank lines (at line ends when it has none; CRLF read as LF) into groups of up to [`GROUP_BYTES`] (fewer bytes for small corpora, so
 /// that there are about [`TARGET_GROUPS`] of them).
 pub fn split_units(docs: &[Document]) -> Vec<String> {
     if docs.len() >= MIN_UNITS {
@@ -166,10 +166,14 @@ pub fn split_units(docs: &[Document]) -> Vec<String> {
     let group_bytes = (total / TARGET_GROUPS).clamp(MIN_GROUP_BYTES, GROUP_BYTES);
     let mut units = Vec::new();
     for doc in docs {
+        // CRLF files split like LF ones; a text with no blank line at all (one sentence or one
+        // speech per line) splits at line ends instead of being one unit.
+        let text = doc.text.replace("\r\n", "\n");
+        let sep = if text.contains("\n\n") { "\n\n" } else { "\n" };
         let mut group = String::new();
-        for paragraph in doc.text.split("\n\n") {
+        for paragraph in text.split(sep) {
             if !group.is_empty() {
-                group.push_str("\n\n");
+                group.push_str(sep);
             }
             group.push_str(paragraph);
             if group.len() >= group_bytes {
@@ -188,6 +192,53 @@ pub fn split_units(docs: &[Document]) -> Vec<String> {
 pub fn is_validation(unit: &str, val_fraction: f64) -> bool {
     let h = fnv1a(unit.as_bytes(), FNV_OFFSET);
     ((h >> 11) as f64 / (1u64 << 53) as f64) < val_fraction
+}
+
+/// Where a split unit goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Train = 0,
+    Validation = 1,
+    /// The contiguous split's last part: read by no command.
+    Test = 2,
+}
+
+/// The side of every unit under `spec.split`. Contiguous: a unit goes by where it starts in the
+/// concatenated text, so validation is the `val_fraction` of the bytes after the first
+/// `1 - 2 val_fraction` (never more than one unit over).
+fn assign_sides(units: &[String], spec: &DataSpec) -> Vec<Side> {
+    match spec.split {
+        SplitMode::Hash => units
+            .iter()
+            .map(|u| {
+                if is_validation(u, spec.val_fraction) {
+                    Side::Validation
+                } else {
+                    Side::Train
+                }
+            })
+            .collect(),
+        SplitMode::Contiguous => {
+            let total: usize = units.iter().map(String::len).sum();
+            let train_end = (1.0 - 2.0 * spec.val_fraction) * total as f64;
+            let val_end = (1.0 - spec.val_fraction) * total as f64;
+            let mut start = 0usize;
+            units
+                .iter()
+                .map(|u| {
+                    let at = start as f64;
+                    start += u.len();
+                    if at < train_end {
+                        Side::Train
+                    } else if at < val_end {
+                        Side::Validation
+                    } else {
+                        Side::Test
+                    }
+                })
+                .collect()
+        }
+    }
 }
 
 /// A tokenized corpus: token streams and the byte counts behind them (for bits per byte).
@@ -358,11 +409,17 @@ fn read_tokens(path: &Path) -> Result<Vec<u32>> {
 pub fn prepare(spec: &DataSpec, log: &mut dyn FnMut(String)) -> Result<Corpus> {
     let docs = read_documents(&spec.sources)?;
     let units = split_units(&docs);
-    let (mut val, mut train): (Vec<&str>, Vec<&str>) = units
-        .iter()
-        .map(String::as_str)
-        .partition(|u| is_validation(u, spec.val_fraction));
-    if val.is_empty() && train.len() >= 2 {
+    let sides = assign_sides(&units, spec);
+    let mut train: Vec<&str> = Vec::new();
+    let mut val: Vec<&str> = Vec::new();
+    for (unit, side) in units.iter().zip(&sides) {
+        match side {
+            Side::Train => train.push(unit),
+            Side::Validation => val.push(unit),
+            Side::Test => {}
+        }
+    }
+    if val.is_empty() && train.len() >= 2 && spec.split == SplitMode::Hash {
         // Few units and no hash below the fraction: hold out the unit with the lowest hash
         // (still a function of the text alone).
         let (i, _) = train
@@ -387,9 +444,9 @@ pub fn prepare(spec: &DataSpec, log: &mut dyn FnMut(String)) -> Result<Corpus> {
     };
     // Cache key: the units (and their split), the vocabulary or the given tokenizer.
     let mut key = FNV_OFFSET;
-    for u in &units {
+    for (u, side) in units.iter().zip(&sides) {
         key = fnv1a(u.as_bytes(), key);
-        key = fnv1a(&[is_validation(u, spec.val_fraction) as u8, 0xff], key);
+        key = fnv1a(&[*side as u8, 0xff], key);
     }
     key = fnv1a(&spec.vocab_size.to_le_bytes(), key);
     if let Some(t) = &given_tokenizer {

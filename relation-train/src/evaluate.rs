@@ -69,7 +69,7 @@ pub fn evaluate(
         let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, n]), &device);
         let y = Tensor::<2, Int>::from_data(TensorData::new(targets, [b, n]), &device);
         let logits = model.forward(x)?; // [b, n, V]
-        let nll = token_nll(logits, y).sum().into_scalar::<f64>();
+        let nll = token_nll(logits, y)?.sum().into_scalar::<f64>();
         total += nll;
         count += b * n;
     }

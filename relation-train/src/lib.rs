@@ -22,6 +22,7 @@ pub mod error;
 pub mod evaluate;
 pub mod metrics;
 pub mod optim;
+pub mod report;
 pub mod train;
 
 pub use config::{DataSpec, ModelSpec, RunConfig, TrainSpec};

@@ -158,20 +158,27 @@ fn find_font() -> Option<&'static [u8]> {
         .map(|bytes| &*Box::leak(bytes.into_boxed_slice()))
 }
 
-fn plot_losses(rows: &[Row], path: &Path, title: &str) -> std::result::Result<(), String> {
-    use plotters::prelude::*;
+/// Registers a system TrueType font as plotters' "sans-serif" (once per process); whether one was
+/// found. Without one, plots are drawn without text.
+pub(crate) fn register_font() -> bool {
+    use plotters::style::FontStyle;
     use std::sync::OnceLock;
-
-    if rows.is_empty() {
-        return Err("no steps logged".into());
-    }
     static FONT: OnceLock<bool> = OnceLock::new();
-    let has_font = *FONT.get_or_init(|| match find_font() {
+    *FONT.get_or_init(|| match find_font() {
         Some(bytes) => {
             plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
         }
         None => false,
-    });
+    })
+}
+
+fn plot_losses(rows: &[Row], path: &Path, title: &str) -> std::result::Result<(), String> {
+    use plotters::prelude::*;
+
+    if rows.is_empty() {
+        return Err("no steps logged".into());
+    }
+    let has_font = register_font();
     let train: Vec<(f64, f64)> = rows
         .iter()
         .filter(|r| r.loss.is_finite())

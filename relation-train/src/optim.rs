@@ -3,7 +3,6 @@
 
 use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
 use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
-use burn::tensor::activation::log_softmax;
 use burn::tensor::{Int, Tensor};
 
 use crate::config::TrainSpec;
@@ -117,13 +116,22 @@ pub fn clip_global_norm<M: Module>(
     factor
 }
 
-/// Negative log-likelihood of every target under the logits, in nats.
+/// Negative log-likelihood of every target under the logits, in nats: the fused
+/// [`relation_kernels::cross_entropy`] on Flex (one pass each way, no `log_softmax` tensor),
+/// the reference elsewhere.
 ///
 /// # Shapes
 /// - `logits`: `[B, T, V]`, `targets`: `[B, T]`, output: `[B, T]`
-pub fn token_nll(logits: Tensor<3>, targets: Tensor<2, Int>) -> Tensor<2> {
-    let logp = log_softmax(logits, 2); // [B, T, V]
-    logp.gather(2, targets.unsqueeze_dim::<3>(2)) // [B, T, 1]
-        .squeeze_dim::<2>(2) // [B, T]
-        .neg()
+///
+/// # Errors
+/// A target id outside the vocabulary, mismatched shapes or devices.
+pub fn token_nll(logits: Tensor<3>, targets: Tensor<2, Int>) -> crate::Result<Tensor<2>> {
+    let [b, t, v] = logits.dims();
+    let nll = relation_kernels::cross_entropy(
+        logits.reshape([b * t, v]), // [B·T, V]
+        targets.reshape([b * t]),   // [B·T]
+        relation_kernels::Strategy::Auto,
+    )
+    .map_err(relation_model::ModelError::from)?; // [B·T]
+    Ok(nll.reshape([b, t])) // [B, T]
 }

@@ -185,8 +185,29 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let params = model.num_params();
     let accumulation = t.accumulation();
     let per_step = t.effective_tokens_per_step() as u64;
+    // The Relation switches that differ from the paper's defaults (ablations), if any.
+    let mut switches = Vec::new();
+    if model_config.tau != relation_core::DEFAULT_TAU {
+        switches.push(format!("tau {}", model_config.tau));
+    }
+    if model_config.lambda_init != relation_core::DEFAULT_LAMBDA || !model_config.lambda_trainable {
+        let how = if model_config.lambda_trainable {
+            "init"
+        } else {
+            "frozen at"
+        };
+        switches.push(format!("lambda {how} {}", model_config.lambda_init));
+    }
+    if !model_config.givens {
+        switches.push("no Givens".into());
+    }
+    let switches = if switches.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", switches.join(", "))
+    };
     println!(
-        "model: {} layers `{}`, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads) | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
+        "model: {} layers `{}`{switches}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads) | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
         model_config.n_layers,
         model_config.pattern,
         model_config.d_model,
@@ -392,7 +413,7 @@ fn micro_step(
     let logits = model.forward(x)?; // [B, T, V]
     // Mean over this micro-batch, divided by the number of micro-batches: the accumulated
     // gradient is the gradient of the step's mean loss.
-    let loss = token_nll(logits, y).mean().div_scalar(accumulation as f64); // [1]
+    let loss = token_nll(logits, y)?.mean().div_scalar(accumulation as f64); // [1]
     let value = loss.clone().detach();
     let grads = GradientsParams::from_grads(loss.backward(), model);
     if device == primary {

@@ -268,3 +268,97 @@ fn trains_on_wgpu_and_across_devices() {
         }
     }
 }
+
+/// The ablation flags reach the model, its saved configuration and the run header; the single-head
+/// Relation trains; a frozen lambda stays where it started.
+#[test]
+fn ablation_flags_train_and_are_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let run = tmp.path().join("ablation");
+    let mut args = with(tiny_args(&run, &cache, &corpus), "--steps", "4");
+    args = with(args, "--n-heads", "1");
+    args = with(args, "--lambda-init", "0");
+    args = with(args, "--tau", "1.5");
+    args.extend(["--freeze-lambda".to_string(), "--no-givens".to_string()]);
+    let out = ok(&args);
+    assert!(
+        out.contains("(tau 1.5, lambda frozen at 0, no Givens)"),
+        "run header names the switches:\n{out}"
+    );
+    assert!(out.contains("1 heads"), "{out}");
+    let model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("model.json")).unwrap()).unwrap();
+    assert_eq!(model["givens"], serde_json::json!(false), "{model}");
+    assert_eq!(
+        model["lambda_trainable"],
+        serde_json::json!(false),
+        "{model}"
+    );
+    assert_eq!(model["lambda_init"].as_f64(), Some(0.0), "{model}");
+    assert_eq!(model["tau"].as_f64(), Some(1.5), "{model}");
+    assert!(
+        rows(&run)
+            .iter()
+            .all(|r| r["loss"].as_f64().unwrap().is_finite())
+    );
+
+    // Without --no-givens an odd head count is refused with the reason.
+    let odd = with(
+        tiny_args(&tmp.path().join("odd"), &cache, &corpus),
+        "--n-heads",
+        "1",
+    );
+    let err = fails_with(&odd, &[], "even");
+    assert!(err.contains("heads"), "{err}");
+}
+
+/// `relation report` turns a folder of `<variant>-s<seed>` runs into the table and two plots;
+/// unfinished runs are listed, not averaged.
+#[test]
+fn report_tabulates_finished_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let runs = tmp.path().join("runs");
+    for (name, pattern, steps) in [("A-s0", "A", "4"), ("F-s0", "F", "4"), ("F-s1", "F", "4")] {
+        let args = with(
+            tiny_args(&runs.join(name), &cache, &corpus),
+            "--steps",
+            steps,
+        );
+        let args = with(with(args, "--pattern", pattern), "--eval-every", "2");
+        ok(&with(args, "--seed", &name[3..]));
+    }
+    // An unfinished run: stopped at step 2 of 4.
+    let args = with(
+        tiny_args(&runs.join("L-s0"), &cache, &corpus),
+        "--steps",
+        "4",
+    );
+    ok(&with(with(args, "--pattern", "L"), "--stop-at", "2"));
+
+    let out_dir = tmp.path().join("results");
+    let out = ok(&[
+        "report".to_string(),
+        runs.to_str().unwrap().to_string(),
+        "--out".to_string(),
+        out_dir.to_str().unwrap().to_string(),
+    ]);
+    let table = std::fs::read_to_string(out_dir.join("table.md")).unwrap();
+    assert!(table.contains("| A | 0 |"), "{table}");
+    assert!(table.contains("| F | 0, 1 |"), "{table}");
+    assert!(
+        !table.contains("| L |"),
+        "unfinished runs stay out of the table:\n{table}"
+    );
+    assert!(
+        out.contains("unfinished (not in the table): L-s0 at step 2/4"),
+        "{out}"
+    );
+    for png in ["val.png", "gap.png"] {
+        let bytes = std::fs::read(out_dir.join(png)).unwrap();
+        assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png}");
+    }
+}

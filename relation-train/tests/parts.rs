@@ -137,3 +137,71 @@ fn device_names() {
     let e = parse_device("rocm:0").unwrap_err().to_string();
     assert!(e.contains("--features rocm"), "{e}");
 }
+
+/// The contiguous split of one long text: the first 1 - 2v of the bytes train, the next v
+/// validate (within one unit), the last v is never read.
+#[test]
+fn contiguous_split_is_train_then_validation_then_unread() {
+    use relation_train::config::{DataSpec, SplitMode};
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("book.txt");
+    let text: String = (0..400)
+        .map(|i| format!("Paragraph {i:03} says the number {i} in words of its own.\n\n"))
+        .collect();
+    std::fs::write(&path, &text).unwrap();
+    let spec = DataSpec {
+        sources: vec![path],
+        val_fraction: 0.1,
+        split: SplitMode::Contiguous,
+        vocab_size: 300,
+        cache_dir: Some(tmp.path().join("cache")),
+        ..Default::default()
+    };
+    let corpus = relation_train::data::prepare(&spec, &mut |_| {}).unwrap();
+    let total = text.trim_end().len() as f64;
+    let (train, val) = (corpus.meta.train_bytes as f64, corpus.meta.val_bytes as f64);
+    assert!(
+        (train / total - 0.8).abs() < 0.02,
+        "train share {}",
+        train / total
+    );
+    assert!(
+        (val / total - 0.1).abs() < 0.02,
+        "validation share {}",
+        val / total
+    );
+    let tokenizer = tokenizers::Tokenizer::from_bytes(corpus.tokenizer_json.as_bytes()).unwrap();
+    let val_text = tokenizer.decode(&corpus.val, false).unwrap();
+    let train_text = tokenizer.decode(&corpus.train, false).unwrap();
+    assert!(train_text.contains("Paragraph 000") && train_text.contains("Paragraph 300"));
+    assert!(
+        !train_text.contains("Paragraph 330"),
+        "validation text in training"
+    );
+    assert!(val_text.contains("Paragraph 330") && !val_text.contains("Paragraph 300 "));
+    assert!(
+        !val_text.contains("Paragraph 390") && !train_text.contains("Paragraph 390"),
+        "the last tenth is never read"
+    );
+}
+
+/// A corpus with one sentence per line, no blank line and CRLF endings splits into many units.
+#[test]
+fn line_based_crlf_text_splits_into_many_units() {
+    let text: String = (0..500)
+        .map(|i| format!("Sentence number {i} stands alone on its line.\r\n"))
+        .collect();
+    let docs = vec![Document {
+        text,
+        origin: "lines.txt".into(),
+    }];
+    let units = split_units(&docs);
+    assert!(units.len() > 50, "{} units", units.len());
+    assert!(units.iter().all(|u| !u.contains('\r')), "CR kept");
+    let val = units.iter().filter(|u| is_validation(u, 0.1)).count();
+    assert!(
+        val > 0 && val < units.len() / 4,
+        "{val} of {} units",
+        units.len()
+    );
+}

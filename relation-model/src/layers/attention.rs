@@ -9,7 +9,7 @@ use burn::tensor::{Device, Int, Tensor, activation};
 
 use relation_core::rope;
 
-use super::{linear, merge_heads, split_heads};
+use super::{dense, linear, merge_heads, split_heads};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`CausalSelfAttention`] layer.
@@ -30,7 +30,7 @@ impl CausalSelfAttentionConfig {
     /// # Errors
     /// Head layout errors ([`crate::config::check_heads`]).
     pub fn init(&self, device: &Device) -> crate::Result<CausalSelfAttention> {
-        crate::config::check_heads(self.d_model, self.n_heads)?;
+        crate::config::check_heads(self.d_model, self.n_heads, false)?;
         let d = self.d_model;
         Ok(CausalSelfAttention {
             wq: linear(d, d, device),
@@ -67,16 +67,16 @@ impl CausalSelfAttention {
         offset: usize,
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let q = rope(
-            split_heads(self.wq.forward(x.clone()), self.heads),
+            split_heads(dense(&self.wq, x.clone()), self.heads),
             offset,
             self.rope_base,
         )?;
         let k = rope(
-            split_heads(self.wk.forward(x.clone()), self.heads),
+            split_heads(dense(&self.wk, x.clone()), self.heads),
             offset,
             self.rope_base,
         )?;
-        Ok((q, k, split_heads(self.wv.forward(x), self.heads)))
+        Ok((q, k, split_heads(dense(&self.wv, x), self.heads)))
     }
 
     /// # Shapes
@@ -97,7 +97,7 @@ impl CausalSelfAttention {
             None,
             options,
         );
-        Ok(self.wo.forward(merge_heads(y.swap_dims(1, 2))))
+        Ok(dense(&self.wo, merge_heads(y.swap_dims(1, 2))))
     }
 
     /// Incremental forward with a K/V cache.
@@ -116,7 +116,7 @@ impl CausalSelfAttention {
         };
         let (y, _) = causal_rows(q, k.clone(), v.clone(), None);
         *cache = LayerCache::Attention { k, v };
-        Ok(self.wo.forward(merge_heads(y)))
+        Ok(dense(&self.wo, merge_heads(y)))
     }
 }
 

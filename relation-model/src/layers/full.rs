@@ -7,7 +7,7 @@ use burn::tensor::{Device, Tensor};
 use relation_core::naive_relation_rows;
 use relation_kernels::{Strategy, flash_relation};
 
-use super::{linear, merge_heads, relation_projections};
+use super::{dense, linear, merge_heads, relation_projections};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`MultiHeadRelation`] layer.
@@ -15,7 +15,7 @@ use crate::cache::LayerCache;
 pub struct MultiHeadRelationConfig {
     /// Model width `d`.
     pub d_model: usize,
-    /// Heads `H` (even; `d / H` even).
+    /// Heads `H` (`d / H` even; `H` even with Givens mixing).
     pub n_heads: usize,
     /// Index of the layer in its stack: chooses the Givens pairing. Default: 0.
     #[config(default = 0)]
@@ -29,6 +29,12 @@ pub struct MultiHeadRelationConfig {
     /// RoPE base. Default: 1e4.
     #[config(default = 1e4)]
     pub rope_base: f64,
+    /// Whether `lambda` is learned (`false`: fixed at `lambda_init`). Default: true.
+    #[config(default = true)]
+    pub lambda_trainable: bool,
+    /// Givens mixing of the information heads. Default: true.
+    #[config(default = true)]
+    pub givens: bool,
 }
 
 impl MultiHeadRelationConfig {
@@ -37,7 +43,7 @@ impl MultiHeadRelationConfig {
     /// # Errors
     /// Head layout errors ([`crate::config::check_heads`]) and a bad `tau`.
     pub fn init(&self, device: &Device) -> crate::Result<MultiHeadRelation> {
-        crate::config::check_heads(self.d_model, self.n_heads)?;
+        crate::config::check_heads(self.d_model, self.n_heads, self.givens)?;
         relation_core::check::tau(self.tau)?;
         let d = self.d_model;
         Ok(MultiHeadRelation {
@@ -46,7 +52,10 @@ impl MultiHeadRelationConfig {
             wi: linear(d, d, device),
             wo: linear(d, d, device),
             lambda: Param::from_tensor(Tensor::from_data([self.lambda_init as f32], device)),
-            angles: Param::from_tensor(Tensor::zeros([self.n_heads / 2], device)),
+            angles: self
+                .givens
+                .then(|| Param::from_tensor(Tensor::zeros([self.n_heads / 2], device))),
+            lambda_trainable: self.lambda_trainable,
             layer: self.layer,
             heads: self.n_heads,
             tau: self.tau,
@@ -72,8 +81,10 @@ pub struct MultiHeadRelation {
     pub wo: Linear,
     /// Count calibration `lambda`, `[1]`, f32.
     pub lambda: Param<Tensor<1>>,
-    /// Givens angles, `[H / 2]`, f32.
-    pub angles: Param<Tensor<1>>,
+    /// Givens angles, `[H / 2]`, f32; `None` without Givens mixing.
+    pub angles: Option<Param<Tensor<1>>>,
+    /// Whether `lambda` is learned (otherwise it is detached: no gradient, never updated).
+    pub lambda_trainable: bool,
     /// Layer index (chooses the Givens pairing).
     pub layer: usize,
     /// Heads `H`.
@@ -85,6 +96,15 @@ pub struct MultiHeadRelation {
 }
 
 impl MultiHeadRelation {
+    /// `lambda`, detached when it is not trainable.
+    fn lambda(&self) -> Tensor<1> {
+        if self.lambda_trainable {
+            self.lambda.val()
+        } else {
+            self.lambda.val().detach()
+        }
+    }
+
     /// `(rope(P1), rope(P2), Ĩ)` for tokens at positions `offset..`, each `[B, T, H, D]`.
     fn project(
         &self,
@@ -93,7 +113,7 @@ impl MultiHeadRelation {
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         relation_projections(
             [&self.w1, &self.w2, &self.wi],
-            self.angles.val(),
+            self.angles.as_ref().map(Param::val),
             self.layer,
             self.heads,
             self.rope_base,
@@ -108,8 +128,8 @@ impl MultiHeadRelation {
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (p1, p2, info) = self.project(x, 0)?;
-        let y = flash_relation(p1, p2, info, self.lambda.val(), self.tau, Strategy::Auto)?;
-        Ok(self.wo.forward(merge_heads(y)))
+        let y = flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?;
+        Ok(dense(&self.wo, merge_heads(y)))
     }
 
     /// Incremental forward with the Relation Cache: appends the new tokens' rotated `P2` and `Ĩ`
@@ -135,7 +155,7 @@ impl MultiHeadRelation {
                 p1,
                 p2_all.clone(),
                 info_all.clone(),
-                self.lambda.val(),
+                self.lambda(),
                 self.tau,
                 Strategy::Auto,
             )?
@@ -144,7 +164,7 @@ impl MultiHeadRelation {
                 p1,
                 p2_all.clone(),
                 info_all.clone(),
-                self.lambda.val(),
+                self.lambda(),
                 self.tau,
             )?
         };
@@ -152,6 +172,6 @@ impl MultiHeadRelation {
             p2: p2_all,
             info: info_all,
         };
-        Ok(self.wo.forward(merge_heads(y)))
+        Ok(dense(&self.wo, merge_heads(y)))
     }
 }

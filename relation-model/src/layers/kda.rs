@@ -12,7 +12,7 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData, activation};
 use relation_core::{kda_log_gates, l2_normalize, rope};
 
-use super::{linear, merge_heads, split_heads};
+use super::{dense, linear, merge_heads, split_heads};
 use crate::Result;
 use crate::cache::LayerCache;
 
@@ -79,18 +79,18 @@ impl KimiDeltaAttention {
         let offset = cache.len();
         let h = self.heads;
         let q = l2_normalize(rope(
-            split_heads(self.wq.forward(x.clone()), h),
+            split_heads(dense(&self.wq, x.clone()), h),
             offset,
             self.rope_base,
         )?);
         let k = l2_normalize(rope(
-            split_heads(self.wk.forward(x.clone()), h),
+            split_heads(dense(&self.wk, x.clone()), h),
             offset,
             self.rope_base,
         )?);
-        let v = split_heads(self.wv.forward(x.clone()), h);
-        let beta = activation::sigmoid(self.wbeta.forward(x.clone())); // [B, n, H]
-        let pre = split_heads(self.gate_up.forward(self.gate_down.forward(x.clone())), h);
+        let v = split_heads(dense(&self.wv, x.clone()), h);
+        let beta = activation::sigmoid(dense(&self.wbeta, x.clone())); // [B, n, H]
+        let pre = split_heads(dense(&self.gate_up, dense(&self.gate_down, x.clone())), h);
         let alpha = kda_log_gates(pre, self.a_log.val(), self.dt_bias.val()).exp(); // [B, n, H, D]
         let [b, n, _, d] = q.dims();
         let mut state = match std::mem::take(cache) {
@@ -111,8 +111,8 @@ impl KimiDeltaAttention {
         };
         let o = Tensor::cat(outputs, 1); // [B, n, H, D]
         let rms = (o.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt();
-        let gate = activation::sigmoid(self.wg.forward(x));
-        Ok(self.wo.forward(merge_heads(o / rms) * gate))
+        let gate = activation::sigmoid(dense(&self.wg, x));
+        Ok(dense(&self.wo, merge_heads(o / rms) * gate))
     }
 
     /// Full-sequence forward (the token loop from an empty state).

@@ -8,7 +8,7 @@ use relation_core::kda_log_gates;
 use relation_core::rng::SplitMix64;
 use relation_kernels::{Strategy, linear_relation};
 
-use super::{linear, merge_heads, relation_projections, split_heads};
+use super::{dense, linear, merge_heads, relation_projections, split_heads};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`LinearRelation`] layer.
@@ -16,7 +16,7 @@ use crate::cache::LayerCache;
 pub struct LinearRelationConfig {
     /// Model width `d`.
     pub d_model: usize,
-    /// Heads `H` (even; `d / H` even).
+    /// Heads `H` (`d / H` even; `H` even with Givens mixing).
     pub n_heads: usize,
     /// Index of the layer in its stack: Givens pairing and retention seed. Default: 0.
     #[config(default = 0)]
@@ -33,6 +33,9 @@ pub struct LinearRelationConfig {
     /// Seed of the retention initialisation. Default: 42.
     #[config(default = 42)]
     pub seed: u64,
+    /// Givens mixing of the information heads. Default: true.
+    #[config(default = true)]
+    pub givens: bool,
 }
 
 impl LinearRelationConfig {
@@ -41,7 +44,7 @@ impl LinearRelationConfig {
     /// # Errors
     /// Head layout errors ([`crate::config::check_heads`]) and a bad `tau`.
     pub fn init(&self, device: &Device) -> crate::Result<LinearRelation> {
-        crate::config::check_heads(self.d_model, self.n_heads)?;
+        crate::config::check_heads(self.d_model, self.n_heads, self.givens)?;
         relation_core::check::tau(self.tau)?;
         let (d, h) = (self.d_model, self.n_heads);
         let rank = if self.gate_rank == 0 {
@@ -63,7 +66,9 @@ impl LinearRelationConfig {
             gate_up: linear(rank, d, device),
             a_log: Param::from_tensor(Tensor::from_data(TensorData::new(a_log, [h]), device)),
             dt_bias: Param::from_tensor(Tensor::from_data(TensorData::new(dt_bias, [d]), device)),
-            angles: Param::from_tensor(Tensor::zeros([h / 2], device)),
+            angles: self
+                .givens
+                .then(|| Param::from_tensor(Tensor::zeros([h / 2], device))),
             layer: self.layer,
             heads: h,
             tau: self.tau,
@@ -115,8 +120,8 @@ pub struct LinearRelation {
     pub a_log: Param<Tensor<1>>,
     /// `dt_bias`, `[H * D]`.
     pub dt_bias: Param<Tensor<1>>,
-    /// Givens angles, `[H / 2]`.
-    pub angles: Param<Tensor<1>>,
+    /// Givens angles, `[H / 2]`; `None` without Givens mixing.
+    pub angles: Option<Param<Tensor<1>>>,
     /// Layer index (Givens pairing).
     pub layer: usize,
     /// Heads `H`.
@@ -132,14 +137,14 @@ impl LinearRelation {
     fn project(&self, x: Tensor<3>, offset: usize) -> crate::Result<[Tensor<4>; 4]> {
         let (p1, p2, info) = relation_projections(
             [&self.w1, &self.w2, &self.wi],
-            self.angles.val(),
+            self.angles.as_ref().map(Param::val),
             self.layer,
             self.heads,
             self.rope_base,
             x.clone(),
             offset,
         )?;
-        let pre = split_heads(self.gate_up.forward(self.gate_down.forward(x)), self.heads);
+        let pre = split_heads(dense(&self.gate_up, dense(&self.gate_down, x)), self.heads);
         let gates = kda_log_gates(pre, self.a_log.val(), self.dt_bias.val());
         Ok([p1, p2, info, gates])
     }
@@ -149,7 +154,7 @@ impl LinearRelation {
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let [p1, p2, info, gates] = self.project(x, 0)?;
         let out = linear_relation(p1, p2, info, gates, self.tau, None, Strategy::Auto)?;
-        Ok(self.wo.forward(merge_heads(out.y)))
+        Ok(dense(&self.wo, merge_heads(out.y)))
     }
 
     /// Incremental forward: continues from the cached state and stores the new one.
@@ -169,6 +174,6 @@ impl LinearRelation {
             state: out.state,
             len: offset + n,
         };
-        Ok(self.wo.forward(merge_heads(out.y)))
+        Ok(dense(&self.wo, merge_heads(out.y)))
     }
 }

@@ -7,7 +7,7 @@ use burn::tensor::{Device, Tensor};
 use relation_core::rope;
 
 use super::attention::causal_rows;
-use super::{linear, merge_heads, split_heads};
+use super::{dense, linear, merge_heads, split_heads};
 use crate::Result;
 use crate::cache::LayerCache;
 
@@ -56,16 +56,16 @@ impl RealFormerAttention {
     ) -> Result<(Tensor<3>, Tensor<4>)> {
         let offset = cache.len();
         let q = rope(
-            split_heads(self.wq.forward(x.clone()), self.heads),
+            split_heads(dense(&self.wq, x.clone()), self.heads),
             offset,
             self.rope_base,
         )?;
         let k = rope(
-            split_heads(self.wk.forward(x.clone()), self.heads),
+            split_heads(dense(&self.wk, x.clone()), self.heads),
             offset,
             self.rope_base,
         )?;
-        let v = split_heads(self.wv.forward(x), self.heads);
+        let v = split_heads(dense(&self.wv, x), self.heads);
         let (k, v) = match std::mem::take(cache) {
             LayerCache::Attention { k: old_k, v: old_v } => (
                 Tensor::cat(vec![old_k, k], 1),
@@ -75,7 +75,7 @@ impl RealFormerAttention {
         };
         let (y, scores) = causal_rows(q, k.clone(), v.clone(), previous);
         *cache = LayerCache::Attention { k, v };
-        Ok((self.wo.forward(merge_heads(y)), scores))
+        Ok((dense(&self.wo, merge_heads(y)), scores))
     }
 
     /// Full-sequence forward (a fresh, throw-away cache).

@@ -13,7 +13,7 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
 use relation_core::rope;
 
-use super::{linear, merge_heads, split_heads};
+use super::{dense, linear, merge_heads, split_heads};
 use crate::Result;
 use crate::cache::LayerCache;
 
@@ -72,21 +72,21 @@ impl Retention {
     fn project(&self, x: Tensor<3>, offset: usize) -> Result<[Tensor<4>; 3]> {
         let d = x.dims()[2] / self.heads;
         let q = rope(
-            split_heads(self.wq.forward(x.clone()), self.heads),
+            split_heads(dense(&self.wq, x.clone()), self.heads),
             offset,
             self.rope_base,
         )?;
         let k = rope(
-            split_heads(self.wk.forward(x.clone()), self.heads),
+            split_heads(dense(&self.wk, x.clone()), self.heads),
             offset,
             self.rope_base,
         )? / (d as f64).sqrt();
-        Ok([q, k, split_heads(self.wv.forward(x), self.heads)])
+        Ok([q, k, split_heads(dense(&self.wv, x), self.heads)])
     }
 
     fn finish(&self, x: Tensor<3>, o: Tensor<4>) -> Tensor<3> {
-        let gate = activation::silu(self.wg.forward(x));
-        self.wo.forward(merge_heads(head_norm(o)) * gate)
+        let gate = activation::silu(dense(&self.wg, x));
+        dense(&self.wo, merge_heads(head_norm(o)) * gate)
     }
 
     /// Parallel form.

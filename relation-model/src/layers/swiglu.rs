@@ -2,9 +2,10 @@
 
 use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::{Device, Tensor, activation};
+use burn::tensor::{Device, Tensor};
+use relation_kernels::{Strategy, swiglu};
 
-use super::linear;
+use super::{dense, linear};
 
 /// SwiGLU feed-forward block.
 #[derive(Module, Debug)]
@@ -27,10 +28,14 @@ impl SwiGlu {
         }
     }
 
+    /// The gate `SiLU(g) ⊙ u` is one fused pass (forward and backward) on Flex
+    /// ([`relation_kernels::swiglu`]), the reference elsewhere.
+    ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
-        self.down
-            .forward(activation::silu(self.gate.forward(x.clone())) * self.up.forward(x))
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
+        let gate = dense(&self.gate, x.clone()); // [B, T, d_ff]
+        let up = dense(&self.up, x); // [B, T, d_ff]
+        Ok(dense(&self.down, swiglu(gate, up, Strategy::Auto)?))
     }
 }

@@ -1,0 +1,125 @@
+//! The language-model pieces around the mixers that have fused CPU kernels: the SwiGLU gate and
+//! the per-token cross-entropy. Written with tensor operations (any device, differentiable by
+//! Burn); `relation-kernels` fuses each into one multi-threaded pass on Flex.
+
+use burn::tensor::activation::{log_softmax, silu};
+use burn::tensor::{Int, Tensor};
+
+use crate::error::{RelationError, Result};
+
+/// The SwiGLU gate `SiLU(gate) ⊙ up = gate · sigmoid(gate) · up`, element-wise.
+///
+/// Gradients (what a fused backward must produce): with `s = sigmoid(gate)` and upstream `dy`,
+/// `d up = dy · gate · s` and `d gate = dy · up · s · (1 + gate · (1 - s))`.
+///
+/// # Shapes
+/// - `gate`, `up`: any shape `[..]`, the same for both; output: the same shape
+///
+/// # Errors
+/// [`RelationError::ShapeMismatch`] when the shapes differ; [`RelationError::DeviceMismatch`].
+pub fn naive_swiglu<const N: usize>(gate: Tensor<N>, up: Tensor<N>) -> Result<Tensor<N>> {
+    check_swiglu(&gate, &up)?;
+    Ok(silu(gate) * up)
+}
+
+/// Negative log-likelihood of each target under its row of logits, in nats:
+/// `nll_n = logsumexp_v(logits_{n,v}) - logits_{n, target_n}`.
+///
+/// Gradient (what a fused backward must produce): `d logits_{n,v} = d nll_n · (softmax(logits_n)_v
+/// - [v = target_n])`.
+///
+/// # Shapes
+/// - `logits`: `[N, V]` (`N` tokens, vocabulary `V`), `targets`: `[N]` token ids
+/// - output: `[N]`
+///
+/// # Errors
+/// [`RelationError::EmptyDimension`], [`RelationError::ShapeMismatch`] when `targets` is not
+/// `[N]`, [`RelationError::DeviceMismatch`], [`RelationError::TargetOutOfRange`] for an id outside
+/// `0..V` (checked on the host: one read-back of `N` ids).
+pub fn naive_cross_entropy(logits: Tensor<2>, targets: Tensor<1, Int>) -> Result<Tensor<1>> {
+    check_cross_entropy(&logits, &targets)?;
+    let [n, _] = logits.dims();
+    let logp = log_softmax(logits, 1); // [N, V]
+    Ok(logp
+        .gather(1, targets.reshape([n, 1])) // [N, 1]
+        .reshape([n]) // [N]
+        .neg())
+}
+
+/// Checks the inputs of a cross-entropy: shapes, devices and the range of every target id.
+///
+/// # Errors
+/// As [`naive_cross_entropy`].
+pub fn check_cross_entropy(logits: &Tensor<2>, targets: &Tensor<1, Int>) -> Result<()> {
+    let [n, vocab] = logits.dims();
+    if n == 0 || vocab == 0 {
+        return Err(RelationError::EmptyDimension {
+            name: "logits",
+            dim: if n == 0 { 'N' } else { 'V' },
+            shape: vec![n, vocab],
+        });
+    }
+    if targets.dims() != [n] {
+        return Err(RelationError::ShapeMismatch {
+            name: "targets",
+            expected: format!("[N] = [{n}]"),
+            got: targets.dims().to_vec(),
+        });
+    }
+    if targets.device() != logits.device() {
+        return Err(RelationError::DeviceMismatch {
+            name: "targets",
+            reference: "logits",
+            expected: format!("{:?}", logits.device()),
+            got: format!("{:?}", targets.device()),
+        });
+    }
+    let ids = targets.clone().into_data().convert::<i64>();
+    let ids = ids.as_slice::<i64>().expect("converted to i64");
+    if let Some((index, &value)) = ids
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id < 0 || id as usize >= vocab)
+    {
+        return Err(RelationError::TargetOutOfRange {
+            index,
+            value,
+            vocab,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `x` has the shape and device of `reference`.
+fn check_same<const N: usize>(
+    name: &'static str,
+    x: &Tensor<N>,
+    reference_name: &'static str,
+    reference: &Tensor<N>,
+) -> Result<()> {
+    let want = reference.dims();
+    if x.dims() != want {
+        return Err(RelationError::ShapeMismatch {
+            name,
+            expected: format!("the shape of `{reference_name}`, {want:?}"),
+            got: x.dims().to_vec(),
+        });
+    }
+    if x.device() != reference.device() {
+        return Err(RelationError::DeviceMismatch {
+            name,
+            reference: reference_name,
+            expected: format!("{:?}", reference.device()),
+            got: format!("{:?}", x.device()),
+        });
+    }
+    Ok(())
+}
+
+/// Checks the inputs of [`naive_swiglu`] (shared with the fused entry point).
+///
+/// # Errors
+/// As [`naive_swiglu`].
+pub fn check_swiglu<const N: usize>(gate: &Tensor<N>, up: &Tensor<N>) -> Result<()> {
+    check_same("up", up, "gate", gate)
+}

@@ -1,0 +1,212 @@
+//! Flex kernels of the language-model ops: one pass each, split over the thread pool in fixed
+//! chunks (every chunk owns its output slice and runs the same arithmetic whatever the thread
+//! count, so results are bitwise identical for 1 or N threads), element loops vectorised through
+//! [`simd`] with the branch-free [`exp`].
+//!
+//! ```text
+//! SwiGLU        y = g s u,  s = sigmoid(g)
+//!               du = dy g s,  dg = dy u s (1 + g (1 - s))
+//! cross-entropy lse_n = m_n + ln sum_v e^{x_nv - m_n},  m_n = max_v x_nv,  nll_n = lse_n - x_{n,t_n}
+//!               dx_nv = d_n (e^{x_nv - lse_n} - [v = t_n])
+//! ```
+
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Shape};
+use rayon::prelude::*;
+
+use crate::flex::{exp, max_of, output, simd, tensor, with_f32};
+use crate::launches;
+
+/// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
+const ELEMS_PER_TASK: usize = 16 * 1024;
+
+/// `[N, V]` of a rank-2 Flex tensor.
+fn dims2(x: &FlexTensor) -> [usize; 2] {
+    let s = x.layout().shape();
+    [s[0], s[1]]
+}
+
+/// The token ids of an integer Flex tensor, as indices (the entry point checked `0..V`).
+///
+/// # Panics
+/// On a float dtype or a negative id (the entry point passes neither).
+fn read_ids(x: &FlexTensor) -> Vec<usize> {
+    const CONTIGUOUS: &str = "a contiguous tensor has a contiguous slice";
+    let x = x.to_contiguous();
+    fn ids<T: Copy + TryInto<usize>>(s: &[T]) -> Vec<usize> {
+        s.iter()
+            .map(|&v| {
+                v.try_into()
+                    .ok()
+                    .expect("token ids are checked to be in 0..V")
+            })
+            .collect()
+    }
+    match x.dtype() {
+        DType::I64 => ids(x.as_slice::<i64>().expect(CONTIGUOUS)),
+        DType::I32 => ids(x.as_slice::<i32>().expect(CONTIGUOUS)),
+        DType::I16 => ids(x.as_slice::<i16>().expect(CONTIGUOUS)),
+        DType::I8 => ids(x.as_slice::<i8>().expect(CONTIGUOUS)),
+        DType::U64 => ids(x.as_slice::<u64>().expect(CONTIGUOUS)),
+        DType::U32 => ids(x.as_slice::<u32>().expect(CONTIGUOUS)),
+        DType::U16 => ids(x.as_slice::<u16>().expect(CONTIGUOUS)),
+        DType::U8 => ids(x.as_slice::<u8>().expect(CONTIGUOUS)),
+        other => panic!("relation-kernels (flex): token ids of dtype {other:?}"),
+    }
+}
+
+/// `SiLU(gate) ⊙ up` in `gate`'s dtype.
+pub(crate) fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
+    launches::record(&launches::SWIGLU);
+    let shape = gate.layout().shape().clone();
+    let dtype = gate.dtype();
+    let mut y = output(shape.num_elements());
+    with_f32(&gate, |g| {
+        with_f32(&up, |u| {
+            y.par_chunks_mut(ELEMS_PER_TASK)
+                .zip(g.par_chunks(ELEMS_PER_TASK))
+                .zip(u.par_chunks(ELEMS_PER_TASK))
+                .for_each(|((y, g), u)| {
+                    simd(|| {
+                        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                            *y = g / (1.0 + exp(-g)) * u;
+                        }
+                    })
+                });
+        })
+    });
+    tensor(y, shape, dtype)
+}
+
+/// `(d gate, d up)` of SwiGLU, in `gate`'s dtype.
+pub(crate) fn swiglu_bwd(
+    gate: FlexTensor,
+    up: FlexTensor,
+    dy: FlexTensor,
+) -> (FlexTensor, FlexTensor) {
+    launches::record(&launches::SWIGLU);
+    let shape = gate.layout().shape().clone();
+    let dtype = gate.dtype();
+    let len = shape.num_elements();
+    let (mut dg, mut du) = (output(len), output(len));
+    with_f32(&gate, |g| {
+        with_f32(&up, |u| {
+            with_f32(&dy, |dy| {
+                dg.par_chunks_mut(ELEMS_PER_TASK)
+                    .zip(du.par_chunks_mut(ELEMS_PER_TASK))
+                    .zip(g.par_chunks(ELEMS_PER_TASK))
+                    .zip(
+                        u.par_chunks(ELEMS_PER_TASK)
+                            .zip(dy.par_chunks(ELEMS_PER_TASK)),
+                    )
+                    .for_each(|(((dg, du), g), (u, dy))| {
+                        simd(|| {
+                            for ((((dg, du), &g), &u), &dy) in
+                                dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u).zip(dy)
+                            {
+                                let s = 1.0 / (1.0 + exp(-g));
+                                *du = dy * g * s;
+                                *dg = dy * u * s * (1.0 + g * (1.0 - s));
+                            }
+                        })
+                    });
+            })
+        })
+    });
+    (tensor(dg, shape.clone(), dtype), tensor(du, shape, dtype))
+}
+
+/// Rows per parallel task of the cross-entropy (each row is `V` elements).
+fn rows_per_task(vocab: usize) -> usize {
+    (ELEMS_PER_TASK / vocab.max(1)).max(1)
+}
+
+/// `(nll, lse)`, `[N]` each: `nll` in the logits' dtype, `lse` in f32.
+pub(crate) fn cross_entropy_fwd(
+    logits: FlexTensor,
+    targets: FlexTensor,
+) -> (FlexTensor, FlexTensor) {
+    launches::record(&launches::CROSS_ENTROPY);
+    let [n, v] = dims2(&logits);
+    let dtype = logits.dtype();
+    let ids = read_ids(&targets);
+    let (mut nll, mut lse) = (output(n), output(n));
+    let rows = rows_per_task(v);
+    with_f32(&logits, |x| {
+        // [N, V]
+        nll.par_chunks_mut(rows)
+            .zip(lse.par_chunks_mut(rows))
+            .zip(x.par_chunks(rows * v))
+            .zip(ids.par_chunks(rows))
+            .for_each(|(((nll, lse), x), ids)| {
+                simd(|| {
+                    for (((nll, lse), x), &id) in
+                        nll.iter_mut().zip(lse.iter_mut()).zip(x.chunks(v)).zip(ids)
+                    {
+                        let m = max_of(x, f32::NEG_INFINITY);
+                        let sum = sum_exp(x, m);
+                        let l = m + sum.ln();
+                        *lse = l;
+                        *nll = l - x[id];
+                    }
+                })
+            });
+    });
+    (
+        tensor(nll, Shape::new([n]), dtype),
+        tensor(lse, Shape::new([n]), DType::F32),
+    )
+}
+
+/// `sum_v e^{x_v - m}`, in [`crate::flex::LANES`] partial sums (fixed order: deterministic).
+#[inline(always)]
+fn sum_exp(x: &[f32], m: f32) -> f32 {
+    use crate::flex::LANES;
+    let mut lanes = [0.0f32; LANES];
+    let mut chunks = x.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += exp(x - m);
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|&x| exp(x - m)).sum();
+    lanes.iter().sum::<f32>() + tail
+}
+
+/// `d logits = d_nll (e^{logits - lse} - onehot(targets))`, `[N, V]` in the logits' dtype.
+pub(crate) fn cross_entropy_bwd(
+    logits: FlexTensor,
+    targets: FlexTensor,
+    lse: FlexTensor,
+    d_nll: FlexTensor,
+) -> FlexTensor {
+    launches::record(&launches::CROSS_ENTROPY);
+    let [n, v] = dims2(&logits);
+    let dtype = logits.dtype();
+    let ids = read_ids(&targets);
+    let mut dx = output(n * v);
+    let rows = rows_per_task(v);
+    with_f32(&logits, |x| {
+        with_f32(&lse, |lse| {
+            with_f32(&d_nll, |d| {
+                dx.par_chunks_mut(rows * v)
+                    .zip(x.par_chunks(rows * v))
+                    .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
+                    .zip(ids.par_chunks(rows))
+                    .for_each(|(((dx, x), (lse, d)), ids)| {
+                        simd(|| {
+                            for ((((dx, x), &l), &d), &id) in
+                                dx.chunks_mut(v).zip(x.chunks(v)).zip(lse).zip(d).zip(ids)
+                            {
+                                for (dx, &x) in dx.iter_mut().zip(x) {
+                                    *dx = d * exp(x - l);
+                                }
+                                dx[id] -= d;
+                            }
+                        })
+                    });
+            })
+        })
+    });
+    tensor(dx, Shape::new([n, v]), dtype)
+}

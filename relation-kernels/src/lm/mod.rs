@@ -1,0 +1,95 @@
+//! The language model's element-wise hot spots around the mixers, fused for Flex: the SwiGLU
+//! gate and the per-token cross-entropy (the training loss).
+//!
+//! Why they are here: Burn's Flex runs element-wise operations on the calling thread, and under
+//! autodiff `log_softmax` and `silu` decompose into several full-size passes each (max, subtract,
+//! exp, sum, log, gather, and as many again backward). At the 3.7M-parameter CPU configuration
+//! those passes over the `[B·T, V]` logits and the `[B, T, d_ff]` gates were about half of the
+//! main thread's time while the other cores waited. Here each is one pass forward and one
+//! backward, split over the thread pool, with the vectorised `exp` of the Relation kernels.
+//!
+//! CubeCL devices have no kernel for these: Burn's fusion already compiles the reference's
+//! element-wise chain into one kernel there, so [`Strategy::Auto`] uses the reference.
+
+#[cfg(feature = "flex")]
+pub(crate) mod flex;
+#[cfg(feature = "flex")]
+mod ops;
+
+#[cfg(feature = "flex")]
+pub use ops::LmOps;
+
+use burn::tensor::{Int, Tensor};
+use relation_core::lm::{check_cross_entropy, check_swiglu};
+use relation_core::{naive_cross_entropy, naive_swiglu};
+
+use crate::{Result, Strategy};
+
+/// The SwiGLU gate `SiLU(gate) ⊙ up`, element-wise, differentiable; the reference is
+/// [`relation_core::naive_swiglu`].
+///
+/// [`Strategy::Auto`] fuses it on Flex (one pass forward, one backward, all cores) and uses the
+/// reference elsewhere; [`Strategy::Fused`] is an error off Flex.
+///
+/// # Shapes
+/// - `gate`, `up`: any shape, the same for both; output: the same shape
+///
+/// # Errors
+/// Mismatched shapes or devices; [`Strategy::Fused`] on a device other than Flex.
+pub fn swiglu<const N: usize>(
+    gate: Tensor<N>,
+    up: Tensor<N>,
+    strategy: Strategy,
+) -> Result<Tensor<N>> {
+    check_swiglu(&gate, &up)?;
+    if !strategy.use_fused_flex("swiglu", &gate.device())? {
+        return Ok(naive_swiglu(gate, up)?);
+    }
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        Ok(Tensor::from_dispatch(Dispatch::swiglu(
+            gate.into_dispatch(),
+            up.into_dispatch(),
+        )))
+    }
+    #[cfg(not(feature = "flex"))]
+    unreachable!("use_fused_flex is false without the flex feature")
+}
+
+/// Negative log-likelihood of each target under its row of logits, in nats,
+/// `nll_n = logsumexp(logits_n) - logits_{n, target_n}`, differentiable in `logits`; the
+/// reference is [`relation_core::naive_cross_entropy`].
+///
+/// [`Strategy::Auto`] fuses it on Flex: forward one pass per row (max, sum of exponentials,
+/// the target's logit) saving only the row's log-sum-exp; backward writes
+/// `softmax(logits_n) - onehot(target_n)` in one pass, never a `log_softmax` tensor. The
+/// reference elsewhere; [`Strategy::Fused`] is an error off Flex.
+///
+/// # Shapes
+/// - `logits`: `[N, V]`, `targets`: `[N]` token ids in `0..V`
+/// - output: `[N]` in the logits' dtype
+///
+/// # Errors
+/// Empty dimensions, `targets` not `[N]`, mismatched devices, a target id outside `0..V`
+/// (checked on the host), [`Strategy::Fused`] on a device other than Flex.
+pub fn cross_entropy(
+    logits: Tensor<2>,
+    targets: Tensor<1, Int>,
+    strategy: Strategy,
+) -> Result<Tensor<1>> {
+    if !strategy.use_fused_flex("cross_entropy", &logits.device())? {
+        return Ok(naive_cross_entropy(logits, targets)?);
+    }
+    check_cross_entropy(&logits, &targets)?;
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        Ok(Tensor::from_dispatch(Dispatch::cross_entropy(
+            logits.into_dispatch(),
+            targets.into_dispatch(),
+        )))
+    }
+    #[cfg(not(feature = "flex"))]
+    unreachable!("use_fused_flex is false without the flex feature")
+}

@@ -1,0 +1,218 @@
+//! The backend extension of the language-model ops: implemented by Flex (the fused CPU kernels)
+//! and by Autodiff over it (hand-written backward passes). Other backends never reach it: the
+//! entry points send them to the reference.
+
+use burn::backend::autodiff::{
+    Autodiff, NodeId,
+    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
+    grads::Gradients,
+    ops::{Backward, Ops, OpsKind},
+};
+use burn::backend::tensor::{FloatTensor, IntTensor};
+use burn::backend::{Backend, Flex, backend_extension};
+
+use super::flex;
+
+/// Fused element-wise ops of the language model. Not called directly: use
+/// [`crate::swiglu`] and [`crate::cross_entropy`], which check inputs and pick the strategy.
+#[allow(clippy::type_complexity)]
+#[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
+pub trait LmOps: Backend {
+    /// `SiLU(gate) ⊙ up`, differentiable.
+    ///
+    /// # Shapes
+    /// - `gate`, `up`, output: the same shape
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self>;
+
+    /// The SwiGLU backward: `(d gate, d up)` from the inputs and `dy`.
+    fn swiglu_bwd(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// Per-row cross-entropy, differentiable in `logits`.
+    ///
+    /// # Shapes
+    /// - `logits`: `[N, V]`, `targets`: `[N]` (ids in `0..V`, checked by the caller)
+    /// - output: `[N]`
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self>;
+
+    /// Cross-entropy forward that also returns each row's log-sum-exp, `(nll, lse)`, both `[N]`
+    /// (`lse` in f32). Not differentiable.
+    fn cross_entropy_fwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// Cross-entropy backward: `d logits = d_nll · (exp(logits - lse) - onehot(targets))`,
+    /// `[N, V]` in the logits' dtype.
+    fn cross_entropy_bwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_nll: FloatTensor<Self>,
+    ) -> FloatTensor<Self>;
+}
+
+impl LmOps for Flex {
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        flex::swiglu(gate, up)
+    }
+
+    fn swiglu_bwd(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        flex::swiglu_bwd(gate, up, dy)
+    }
+
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        flex::cross_entropy_fwd(logits, targets).0
+    }
+
+    fn cross_entropy_fwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        flex::cross_entropy_fwd(logits, targets)
+    }
+
+    fn cross_entropy_bwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_nll: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        flex::cross_entropy_bwd(logits, targets, lse, d_nll)
+    }
+}
+
+impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
+    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
+        /// Saves nothing new: `gate` and `up` are checkpointed (the matmuls that made them keep
+        /// them anyway) and the backward recomputes `sigmoid(gate)`.
+        #[derive(Debug)]
+        struct SwigluBackward;
+
+        impl<B: LmOps> Backward<B, 2> for SwigluBackward {
+            type State = (NodeId, NodeId);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
+                let [node_gate, node_up] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                let (gate_id, up_id) = ops.state;
+                let gate: FloatTensor<B> = checkpointer.retrieve_node_output(gate_id);
+                let up: FloatTensor<B> = checkpointer.retrieve_node_output(up_id);
+                let (dgate, dup) = B::swiglu_bwd(gate, up, dy);
+                for (node, grad) in [(node_gate, dgate), (node_up, dup)] {
+                    if let Some(node) = node {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        match SwigluBackward
+            .prepare::<C>([gate.node(), up.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let ids = (prep.checkpoint(&gate), prep.checkpoint(&up));
+                let y = B::swiglu(gate.into_primitive(), up.into_primitive());
+                prep.finish(ids, y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::swiglu(gate.into_primitive(), up.into_primitive()))
+            }
+        }
+    }
+
+    fn swiglu_bwd(
+        gate: FloatTensor<Self>,
+        up: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        // Not differentiable on its own: the outputs are constants of the graph.
+        let (dgate, dup) = B::swiglu_bwd(
+            gate.into_primitive(),
+            up.into_primitive(),
+            dy.into_primitive(),
+        );
+        (
+            FloatTensor::<Self>::new(dgate),
+            FloatTensor::<Self>::new(dup),
+        )
+    }
+
+    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
+        /// Saves the row log-sum-exps (`[N]`) and the targets; the logits are checkpointed
+        /// (the output projection keeps them for its own backward).
+        #[derive(Debug)]
+        struct CrossEntropyBackward;
+
+        impl<B: LmOps> Backward<B, 1> for CrossEntropyBackward {
+            type State = (NodeId, IntTensor<B>, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
+                let [node_logits] = ops.parents;
+                let d_nll = grads.consume::<B>(&ops.node);
+                let (logits_id, targets, lse) = ops.state;
+                let logits: FloatTensor<B> = checkpointer.retrieve_node_output(logits_id);
+                if let Some(node) = node_logits {
+                    let grad = B::cross_entropy_bwd(logits, targets, lse, d_nll);
+                    grads.register::<B>(node.id, grad);
+                }
+            }
+        }
+
+        match CrossEntropyBackward
+            .prepare::<C>([logits.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let logits_id = prep.checkpoint(&logits);
+                let (nll, lse) = B::cross_entropy_fwd(logits.into_primitive(), targets.clone());
+                prep.finish((logits_id, targets, lse), nll)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::cross_entropy(logits.into_primitive(), targets))
+            }
+        }
+    }
+
+    fn cross_entropy_fwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (nll, lse) = B::cross_entropy_fwd(logits.into_primitive(), targets);
+        (FloatTensor::<Self>::new(nll), FloatTensor::<Self>::new(lse))
+    }
+
+    fn cross_entropy_bwd(
+        logits: FloatTensor<Self>,
+        targets: IntTensor<Self>,
+        lse: FloatTensor<Self>,
+        d_nll: FloatTensor<Self>,
+    ) -> FloatTensor<Self> {
+        FloatTensor::<Self>::new(B::cross_entropy_bwd(
+            logits.into_primitive(),
+            targets,
+            lse.into_primitive(),
+            d_nll.into_primitive(),
+        ))
+    }
+}

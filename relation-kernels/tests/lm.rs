@@ -1,0 +1,253 @@
+//! The language-model ops (`swiglu`, `cross_entropy`): Flex's fused kernels against the
+//! `relation-core` references — forward and every gradient, awkward shapes, f32 and f16, NaN-poisoned
+//! outputs, huge logits — and the reference path everywhere else.
+
+use burn::tensor::{DType, Device, Int, Tensor, TensorData};
+use relation_core::RelationError;
+use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use relation_core::{naive_cross_entropy, naive_swiglu};
+use relation_kernels::{KernelError, Strategy, cross_entropy, debug, launches, swiglu};
+
+use crate::common::{flex, to_flex};
+
+/// f32 data made on Flex and rounded through `dtype`, so kernel and reference see equal values.
+fn data<const N: usize>(dims: [usize; N], seed: u64, scale: f64, dtype: DType) -> TensorData {
+    uniform(dims, seed, scale, &Device::flex(), DType::F32)
+        .cast(dtype)
+        .cast(DType::F32)
+        .into_data()
+}
+
+fn on<const N: usize>(d: &TensorData, device: &Device, dtype: DType, grad: bool) -> Tensor<N> {
+    let t = Tensor::<N>::from_data(d.clone(), (device, dtype));
+    if grad { t.require_grad() } else { t }
+}
+
+/// SwiGLU forward and both gradients, fused on Flex in `dtype` vs the f32 reference.
+fn check_swiglu<const N: usize>(dims: [usize; N], dtype: DType, scale: f64) {
+    debug::poison_outputs(true);
+    let what = format!("swiglu {dims:?} {dtype:?} scale {scale}");
+    let (g, u, w) = (
+        data(dims, 1, scale, dtype),
+        data(dims, 2, scale, dtype),
+        data(dims, 3, 1.0, dtype),
+    );
+    let device = flex().autodiff();
+    let before = launches::swiglu();
+    let (gate, up) = (
+        on::<N>(&g, &device, dtype, true),
+        on::<N>(&u, &device, dtype, true),
+    );
+    let y = swiglu(gate.clone(), up.clone(), Strategy::Fused).unwrap();
+    let grads = (y.clone() * on::<N>(&w, &device, dtype, false))
+        .sum()
+        .backward();
+    assert!(
+        launches::swiglu() >= before + 2,
+        "{what}: the fused kernels did not run"
+    );
+
+    let reference = flex().autodiff();
+    let (rg, ru) = (
+        on::<N>(&g, &reference, DType::F32, true),
+        on::<N>(&u, &reference, DType::F32, true),
+    );
+    let ry = naive_swiglu(rg.clone(), ru.clone()).unwrap();
+    let rgrads = (ry.clone() * on::<N>(&w, &reference, DType::F32, false))
+        .sum()
+        .backward();
+    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+    let (fwd, grad) = (
+        tolerance(dtype, Check::Forward),
+        tolerance(dtype, Check::Gradient),
+    );
+    assert_close(
+        &format!("y {what}"),
+        &to_flex(y.detach()),
+        &ry.detach(),
+        fwd,
+    );
+    for (name, got, want) in [
+        ("d gate", gate.grad(&grads), rg.grad(&rgrads)),
+        ("d up", up.grad(&grads), ru.grad(&rgrads)),
+    ] {
+        let (got, want) = (got.expect(name), want.expect(name));
+        assert_close(&format!("{name} {what}"), &to_flex(got), &want, grad);
+    }
+}
+
+#[test]
+fn swiglu_fused_matches_the_reference() {
+    check_swiglu([1], DType::F32, 1.0);
+    check_swiglu([3, 63, 80], DType::F32, 4.0);
+    check_swiglu([2, 1000, 60], DType::F32, 2.0);
+    check_swiglu([17, 48], DType::F16, 3.0);
+    check_swiglu([2, 257, 64], DType::F16, 2.0);
+    // Saturated gates: sigmoid at 0 and 1, no overflow.
+    check_swiglu([4, 128], DType::F32, 200.0);
+}
+
+/// Token ids in `0..vocab` from a seed, with the first at 0 and the last at `vocab - 1`.
+fn targets(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
+    let mut rng = relation_core::testing::SplitMix64::new(seed);
+    let mut ids: Vec<i64> = (0..n).map(|_| rng.below(vocab) as i64).collect();
+    ids[0] = 0;
+    ids[n - 1] = vocab as i64 - 1;
+    ids
+}
+
+/// Cross-entropy forward and the logits gradient, fused on Flex in `dtype` vs the f32 reference.
+fn check_cross_entropy(n: usize, vocab: usize, dtype: DType, scale: f64) {
+    debug::poison_outputs(true);
+    let what = format!("cross_entropy N {n} V {vocab} {dtype:?} scale {scale}");
+    let x = data([n, vocab], 10, scale, dtype);
+    let w = data([n], 11, 1.0, dtype);
+    let ids = TensorData::new(targets(n, vocab, 12), [n]);
+
+    let device = flex().autodiff();
+    let before = launches::cross_entropy();
+    let logits = on::<2>(&x, &device, dtype, true);
+    let t = Tensor::<1, Int>::from_data(ids.clone(), &device);
+    let nll = cross_entropy(logits.clone(), t, Strategy::Fused).unwrap();
+    let grads = (nll.clone() * on::<1>(&w, &device, dtype, false))
+        .sum()
+        .backward();
+    assert!(
+        launches::cross_entropy() >= before + 2,
+        "{what}: the fused kernels did not run"
+    );
+
+    let reference = flex().autodiff();
+    let rlogits = on::<2>(&x, &reference, DType::F32, true);
+    let rt = Tensor::<1, Int>::from_data(ids, &reference);
+    let rnll = naive_cross_entropy(rlogits.clone(), rt).unwrap();
+    let rgrads = (rnll.clone() * on::<1>(&w, &reference, DType::F32, false))
+        .sum()
+        .backward();
+    assert_eq!(nll.dtype(), dtype, "{what}: output dtype");
+    let (fwd, grad) = if scale > 10.0 {
+        let tol = tolerance(dtype, Check::LargeEvidence);
+        (tol, tol)
+    } else {
+        (
+            tolerance(dtype, Check::Forward),
+            tolerance(dtype, Check::Gradient),
+        )
+    };
+    assert_close(
+        &format!("nll {what}"),
+        &to_flex(nll.detach()),
+        &rnll.detach(),
+        fwd,
+    );
+    let got = logits.grad(&grads).expect("d logits");
+    let want = rlogits.grad(&rgrads).expect("d logits");
+    assert_close(&format!("d logits {what}"), &to_flex(got), &want, grad);
+}
+
+#[test]
+fn cross_entropy_fused_matches_the_reference() {
+    check_cross_entropy(1, 1, DType::F32, 1.0); // one class: nll = 0, gradient 0
+    check_cross_entropy(1, 7, DType::F32, 3.0);
+    check_cross_entropy(63, 4096, DType::F32, 5.0);
+    check_cross_entropy(257, 1000, DType::F32, 2.0);
+    check_cross_entropy(1000, 60, DType::F32, 1.0);
+    check_cross_entropy(63, 333, DType::F16, 4.0);
+    // |logits| up to 1e3: the max shift keeps every exponential finite.
+    check_cross_entropy(33, 500, DType::F32, 1e3);
+}
+
+#[test]
+fn cross_entropy_of_uniform_logits_is_log_v() {
+    // The one value that needs no reference: equal logits give every class 1/V.
+    let device = flex();
+    let (n, v) = (5, 4096);
+    let logits = Tensor::<2>::full([n, v], 3.25, &device);
+    let t = Tensor::<1, Int>::from_data(TensorData::new(targets(n, v, 1), [n]), &device);
+    let nll: Vec<f32> = cross_entropy(logits, t, Strategy::Fused)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    for x in nll {
+        assert!((x - (v as f32).ln()).abs() < 1e-5, "{x} vs ln {v}");
+    }
+}
+
+#[test]
+fn lm_ops_refuse_bad_inputs() {
+    let device = flex();
+    let logits = uniform([4, 10], 1, 1.0, &device, DType::F32);
+    for strategy in [Strategy::Fused, Strategy::Reference] {
+        let bad = Tensor::<1, Int>::from_data([1i64, 2, 10, 3], &device);
+        let err = cross_entropy(logits.clone(), bad, strategy).unwrap_err();
+        assert_eq!(
+            err,
+            KernelError::Invalid(RelationError::TargetOutOfRange {
+                index: 2,
+                value: 10,
+                vocab: 10
+            }),
+            "{strategy:?}"
+        );
+        assert!(err.to_string().contains("0..10"), "{err}");
+        let negative = Tensor::<1, Int>::from_data([1i64, -1, 0, 3], &device);
+        assert!(matches!(
+            cross_entropy(logits.clone(), negative, strategy),
+            Err(KernelError::Invalid(RelationError::TargetOutOfRange {
+                index: 1,
+                value: -1,
+                ..
+            }))
+        ));
+        let short = Tensor::<1, Int>::from_data([1i64, 2, 3], &device);
+        assert!(matches!(
+            cross_entropy(logits.clone(), short, strategy),
+            Err(KernelError::Invalid(RelationError::ShapeMismatch {
+                name: "targets",
+                ..
+            }))
+        ));
+        let err = swiglu(
+            uniform([2, 3], 1, 1.0, &device, DType::F32),
+            uniform([3, 2], 1, 1.0, &device, DType::F32),
+            strategy,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                KernelError::Invalid(RelationError::ShapeMismatch { name: "up", .. })
+            ),
+            "{err}"
+        );
+    }
+}
+
+/// On CubeCL devices the reference runs (Burn's fusion compiles it); `Fused` names Flex.
+#[cfg(feature = "wgpu")]
+#[test]
+fn lm_ops_use_the_reference_on_cubecl() {
+    let device = crate::common::wgpu();
+    let (n, v) = (9, 50);
+    let x = data([n, v], 3, 2.0, DType::F32);
+    let ids = TensorData::new(targets(n, v, 4), [n]);
+    let logits = on::<2>(&x, &device, DType::F32, false);
+    let t = Tensor::<1, Int>::from_data(ids.clone(), &device);
+    let err = cross_entropy(logits.clone(), t.clone(), Strategy::Fused).unwrap_err();
+    assert!(err.to_string().contains("Flex"), "{err}");
+    let got = cross_entropy(logits, t, Strategy::Auto).unwrap();
+    let want = naive_cross_entropy(
+        on::<2>(&x, &Device::flex(), DType::F32, false),
+        Tensor::<1, Int>::from_data(ids, &Device::flex()),
+    )
+    .unwrap();
+    assert_close(
+        "cross_entropy on wgpu",
+        &to_flex(got),
+        &want,
+        tolerance(DType::F32, Check::Forward),
+    );
+    let g = uniform([4, 8], 1, 1.0, &device, DType::F32);
+    assert!(swiglu(g.clone(), g, Strategy::Fused).is_err());
+}

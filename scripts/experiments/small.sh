@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The small-budget comparison of issue 11: Relation (F) vs MHA (A) vs Hybrid (LLLF) and the
+# paper's ablations (lambda = 0 frozen, single head, no Givens), three seeds each, on the State of
+# the Union corpus (data/sotu.txt, contiguous split: first 90 % train, next 5 % validation, last
+# 5 % unread), all with the same trainer, tokenizer, data order and validation tokens.
+#
+#   scripts/experiments/small.sh                # every variant, seeds 0 1 2
+#   VARIANTS="F A" SEEDS=0 scripts/experiments/small.sh
+#   STOP_AT=250 scripts/experiments/small.sh    # stop each run at step 250; rerun to continue
+#
+# Runs live in runs/small/<variant>-s<seed>/ (metrics.csv, config, checkpoints). A finished run is
+# skipped, an unfinished one resumed bit-exactly, so the script can be stopped and rerun at will.
+# `relation report runs/small --out docs/results` turns the runs into the table and plots.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
+cargo build --release -p relation-train --bin relation
+BIN="$CARGO_TARGET_DIR/release/relation"
+
+VARIANTS="${VARIANTS:-F A LLLF F-lambda0 F-1head F-nogivens}"
+SEEDS="${SEEDS:-0 1 2}"
+STEPS=500
+OUT="${OUT:-runs/small}"
+mkdir -p "$OUT"
+
+# L 4, d 256, H 8, d_ff 512, T 256, batch 16 (4,096 tokens per step), 500 steps, lr 1e-3 with 40
+# warmup steps and a linear decay over the last 20 %, weight decay 0.1, clip 1.0, BPE 4096 trained
+# on the training part. Validation: the same first 65,536 validation tokens for every run.
+COMMON=(--data data/sotu.txt --split contiguous --val-fraction 0.05 --vocab-size 4096
+  --n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len 256 --batch-size 16
+  --tokens-per-step 4096 --steps "$STEPS" --lr 1e-3 --warmup-steps 40 --decay-fraction 0.2
+  --min-lr-ratio 0 --weight-decay 0.1 --grad-clip 1.0 --eval-every 50 --eval-tokens 65536
+  --checkpoint-every 50 --keep-checkpoints 1 --log-every 25 --sample-tokens 0 --no-progress)
+
+variant_flags() {
+  case "$1" in
+    F) echo "--preset cpu --pattern F" ;;
+    A) echo "--preset cpu-mha" ;;
+    LLLF) echo "--preset cpu --pattern LLLF" ;;
+    F-lambda0) echo "--preset cpu --pattern F --lambda-init 0 --freeze-lambda" ;;
+    F-1head) echo "--preset cpu --pattern F --n-heads 1 --no-givens" ;;
+    F-nogivens) echo "--preset cpu --pattern F --no-givens" ;;
+    *) echo "unknown variant $1" >&2; exit 2 ;;
+  esac
+}
+
+for seed in $SEEDS; do
+  for variant in $VARIANTS; do
+    dir="$OUT/$variant-s$seed"
+    done_rows=0
+    [ -f "$dir/metrics.csv" ] && done_rows=$(($(wc -l < "$dir/metrics.csv") - 1))
+    if [ "$done_rows" -ge "$STEPS" ]; then
+      echo "== $dir: finished, skipped"
+      continue
+    fi
+    stop=()
+    [ -n "${STOP_AT:-}" ] && stop=(--stop-at "$STOP_AT")
+    if [ -f "$dir/checkpoints/latest" ]; then
+      echo "== $dir: resuming"
+      "$BIN" train --run-dir "$dir" --resume "${stop[@]}" --no-progress
+    else
+      echo "== $dir: $(variant_flags "$variant") seed $seed"
+      rm -rf "$dir"
+      # shellcheck disable=SC2046 # the variant's flags are words
+      "$BIN" train --run-dir "$dir" $(variant_flags "$variant") --seed "$seed" \
+        "${COMMON[@]}" "${stop[@]}"
+    fi
+  done
+done
+
+# The raw metrics of every run (what the report reads) go into the repository, then the report.
+RAW="${RAW:-docs/results/small/runs}"
+for dir in "$OUT"/*-s*/; do
+  name=$(basename "$dir")
+  [ -f "$dir/metrics.csv" ] || continue
+  mkdir -p "$RAW/$name"
+  cp "$dir/metrics.csv" "$dir/config.json" "$dir/model.json" "$RAW/$name/"
+done
+"$BIN" report "$RAW" --out docs/results/small
