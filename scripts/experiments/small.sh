@@ -24,23 +24,23 @@ STEPS=500
 OUT="${OUT:-runs/small}"
 mkdir -p "$OUT"
 
-# L 4, d 256, H 8, d_ff 512, T 256, batch 16 (4,096 tokens per step), 500 steps, lr 1e-3 with 40
+# L 4, d 256, H 8 (1 for the single-head variant), d_ff 512, T 256, batch 16 (4,096 tokens per step), 500 steps, lr 1e-3 with 40
 # warmup steps and a linear decay over the last 20 %, weight decay 0.1, clip 1.0, BPE 4096 trained
 # on the training part. Validation: the same first 65,536 validation tokens for every run.
 COMMON=(--data data/sotu.txt --split contiguous --val-fraction 0.05 --vocab-size 4096
-  --n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len 256 --batch-size 16
+  --n-layers 4 --d-model 256 --d-ff 512 --seq-len 256 --batch-size 16
   --tokens-per-step 4096 --steps "$STEPS" --lr 1e-3 --warmup-steps 40 --decay-fraction 0.2
   --min-lr-ratio 0 --weight-decay 0.1 --grad-clip 1.0 --eval-every 50 --eval-tokens 65536
   --checkpoint-every 50 --keep-checkpoints 1 --log-every 25 --sample-tokens 0 --no-progress)
 
 variant_flags() {
   case "$1" in
-    F) echo "--preset cpu --pattern F" ;;
-    A) echo "--preset cpu-mha" ;;
-    LLLF) echo "--preset cpu --pattern LLLF" ;;
-    F-lambda0) echo "--preset cpu --pattern F --lambda-init 0 --freeze-lambda" ;;
+    F) echo "--preset cpu --pattern F --n-heads 8" ;;
+    A) echo "--preset cpu-mha --n-heads 8" ;;
+    LLLF) echo "--preset cpu --pattern LLLF --n-heads 8" ;;
+    F-lambda0) echo "--preset cpu --pattern F --n-heads 8 --lambda-init 0 --freeze-lambda" ;;
     F-1head) echo "--preset cpu --pattern F --n-heads 1 --no-givens" ;;
-    F-nogivens) echo "--preset cpu --pattern F --no-givens" ;;
+    F-nogivens) echo "--preset cpu --pattern F --n-heads 8 --no-givens" ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }
