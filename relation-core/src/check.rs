@@ -1,6 +1,7 @@
 //! Shape and value checks shared by every entry point (and by the kernels crate).
 
 use burn::tensor::Tensor;
+use burn::tensor::kind::Basic;
 
 use crate::error::{RelationError, Result};
 
@@ -103,11 +104,22 @@ pub fn same_device<const N: usize>(
     x: &Tensor<N>,
     p1: &Tensor<4>,
 ) -> Result<()> {
-    let (got, expected) = (x.device(), p1.device());
+    same_device_as(name, x, "p1", p1)
+}
+
+/// Checks that `x` (float, int or bool) lives on the same device as the argument
+/// `reference_name`.
+pub fn same_device_as<const N: usize, const M: usize, K: Basic, L: Basic>(
+    name: &'static str,
+    x: &Tensor<N, K>,
+    reference_name: &'static str,
+    reference: &Tensor<M, L>,
+) -> Result<()> {
+    let (got, expected) = (x.device(), reference.device());
     if got != expected {
         return Err(RelationError::DeviceMismatch {
             name,
-            reference: "p1",
+            reference: reference_name,
             expected: format!("{expected:?}"),
             got: format!("{got:?}"),
         });

@@ -82,7 +82,7 @@ pub fn givens_mix(info: Tensor<4>, angles: Tensor<1>, layer: usize) -> Result<Te
             got: count,
         });
     }
-    check::same_device("angles", &angles, &info)?;
+    check::same_device_as("angles", &angles, "info", &info)?;
 
     // Pairing B is pairing A on the heads rolled by one: rolled head r is head (r + 1) mod H,
     // so rolled pairs (0,1), …, (H-2, H-1) are heads (1,2), …, (H-1, 0).

@@ -66,14 +66,7 @@ pub fn check_cross_entropy(logits: &Tensor<2>, targets: &Tensor<1, Int>) -> Resu
             got: targets.dims().to_vec(),
         });
     }
-    if targets.device() != logits.device() {
-        return Err(RelationError::DeviceMismatch {
-            name: "targets",
-            reference: "logits",
-            expected: format!("{:?}", logits.device()),
-            got: format!("{:?}", targets.device()),
-        });
-    }
+    crate::check::same_device_as("targets", targets, "logits", logits)?;
     let ids = targets.clone().into_data().convert::<i64>();
     let ids = ids.as_slice::<i64>().expect("converted to i64");
     if let Some((index, &value)) = ids
@@ -105,15 +98,7 @@ fn check_same<const N: usize>(
             got: x.dims().to_vec(),
         });
     }
-    if x.device() != reference.device() {
-        return Err(RelationError::DeviceMismatch {
-            name,
-            reference: reference_name,
-            expected: format!("{:?}", reference.device()),
-            got: format!("{:?}", x.device()),
-        });
-    }
-    Ok(())
+    crate::check::same_device_as(name, x, reference_name, reference)
 }
 
 /// Checks the inputs of [`naive_swiglu`] (shared with the fused entry point).
