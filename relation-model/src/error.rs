@@ -64,6 +64,14 @@ pub enum ModelError {
     /// Saving or loading failed.
     #[error("{0}")]
     Io(String),
+    /// Saved weights that do not fit the model they are loaded into.
+    #[error("{path} does not fit this model (saved from another configuration?): {reason}")]
+    RecordMismatch {
+        /// The file.
+        path: String,
+        /// Which tensors are missing, unused or mis-shaped.
+        reason: String,
+    },
     /// An operator refused its inputs.
     #[error(transparent)]
     Kernel(#[from] KernelError),

@@ -21,6 +21,9 @@ pub struct Sampling {
     pub top_p: Option<f64>,
     /// Seed of the sampler: the same seed, model and prompts give the same tokens.
     pub seed: u64,
+    /// Tokens that end a continuation (typically the tokenizer's end-of-text): drawing one
+    /// stops that prompt's continuation, and the stop token itself is not returned.
+    pub stop_tokens: Vec<u32>,
 }
 
 impl Default for Sampling {
@@ -31,6 +34,7 @@ impl Default for Sampling {
             top_k: Some(50),
             top_p: Some(0.95),
             seed: 42,
+            stop_tokens: Vec::new(),
         }
     }
 }
@@ -99,12 +103,51 @@ impl Sampling {
 }
 
 impl RelationLm {
-    /// Continues every prompt by `sampling.max_new_tokens` tokens, prefilling each prompt's cache
-    /// in one pass and then decoding token by token. Prompts of equal length run as one batch.
+    /// Continues every prompt by up to `sampling.max_new_tokens` tokens (fewer where a
+    /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache in one pass
+    /// and then decoding token by token. Prompts of equal length run as one batch.
     ///
     /// # Errors
     /// Empty prompts, token ids outside the vocabulary, invalid sampling settings.
     pub fn generate(&self, prompts: &[Vec<u32>], sampling: &Sampling) -> Result<Vec<Vec<u32>>> {
+        let mut outputs = vec![Vec::new(); prompts.len()];
+        self.generate_each(prompts, sampling, &mut |i, token| {
+            outputs[i].push(token);
+            true
+        })?;
+        Ok(outputs)
+    }
+
+    /// Continues one prompt, handing each token to `on_token` as soon as it is drawn (for
+    /// streaming output); `on_token` returning `false` ends the continuation there (e.g. at a
+    /// stop string). Returns the tokens drawn, the same as [`RelationLm::generate`] would.
+    ///
+    /// # Errors
+    /// As [`RelationLm::generate`].
+    pub fn generate_stream(
+        &self,
+        prompt: &[u32],
+        sampling: &Sampling,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        self.generate_each(&[prompt.to_vec()], sampling, &mut |_, token| {
+            out.push(token);
+            on_token(token)
+        })?;
+        Ok(out)
+    }
+
+    /// The decoding loop: `on_token(prompt index, token)` for every token drawn, in order;
+    /// a row ends at a stop token (not passed on), at `max_new_tokens`, or when `on_token`
+    /// returns `false`. The sampler draws one number per live row and step in batch order, so
+    /// the tokens do not depend on how the rows are consumed.
+    fn generate_each(
+        &self,
+        prompts: &[Vec<u32>],
+        sampling: &Sampling,
+        on_token: &mut dyn FnMut(usize, u32) -> bool,
+    ) -> Result<()> {
         sampling.validate()?;
         let vocab = self.vocab_size();
         for prompt in prompts {
@@ -119,7 +162,6 @@ impl RelationLm {
         }
         let device = self.embedding.weight.val().device();
         let mut rng = SplitMix64::new(sampling.seed);
-        let mut outputs = vec![Vec::new(); prompts.len()];
         // Group prompts by length so each group is one batch.
         let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for (i, p) in prompts.iter().enumerate() {
@@ -132,8 +174,9 @@ impl RelationLm {
                 .flat_map(|&i| prompts[i].iter().map(|&t| t as i64))
                 .collect();
             let mut cache = self.new_cache();
+            let mut live = vec![true; batch];
             let mut input =
-                Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, len]), &device);
+                Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, len]), &device); // [batch, len]
             for _ in 0..sampling.max_new_tokens {
                 let logits = self.forward_cached(input, &mut cache)?; // [batch, n, V]
                 let n = logits.dims()[1];
@@ -141,18 +184,28 @@ impl RelationLm {
                     .narrow(1, n - 1, 1)
                     .into_data()
                     .iter::<f32>()
-                    .collect();
+                    .collect(); // [batch * V]
                 let next: Vec<u32> = last
                     .chunks(vocab)
                     .map(|row| sampling.draw(row, &mut rng))
                     .collect();
-                for (&member, &token) in members.iter().zip(&next) {
-                    outputs[member].push(token);
+                for (row, (&member, &token)) in members.iter().zip(&next).enumerate() {
+                    if !live[row] {
+                        continue;
+                    }
+                    if sampling.stop_tokens.contains(&token) || !on_token(member, token) {
+                        live[row] = false;
+                    }
                 }
+                if !live.contains(&true) {
+                    break;
+                }
+                // Finished rows keep decoding (their tokens are dropped) so the batch stays one
+                // tensor.
                 let next: Vec<i64> = next.iter().map(|&t| t as i64).collect();
-                input = Tensor::from_data(TensorData::new(next, [batch, 1]), &device);
+                input = Tensor::from_data(TensorData::new(next, [batch, 1]), &device); // [batch, 1]
             }
         }
-        Ok(outputs)
+        Ok(())
     }
 }

@@ -271,11 +271,17 @@ impl RelationLm {
     /// Loads weights saved by [`RelationLm::save`] into this model (built from the same config).
     ///
     /// # Errors
-    /// [`ModelError::Io`] if the file is missing, corrupt, or does not fit the model.
+    /// [`ModelError::Io`] if the file is missing or corrupt; [`ModelError::RecordMismatch`] if
+    /// its tensors do not fit this model (another width, depth or layer pattern: missing,
+    /// unused or mis-shaped tensors).
     pub fn load(self, path: &Path) -> Result<Self> {
         let record = ModuleRecord::load(path)
             .map_err(|e| ModelError::Io(format!("reading {}: {e}", path.display())))?;
-        Ok(self.load_record(record))
+        self.try_load_record(record)
+            .map_err(|e| ModelError::RecordMismatch {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })
     }
 
     /// Exports the weights as safetensors (tensor names are the module paths, e.g.

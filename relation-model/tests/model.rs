@@ -154,6 +154,26 @@ fn save_then_load_gives_identical_logits() {
         .unwrap()
         .load(&dir.join("absent.bpk"));
     assert!(matches!(missing, Err(ModelError::Io(_))));
+
+    // Weights of another model are a typed error naming what does not fit, never a panic:
+    // another width (every shape differs), another pattern (other tensor names).
+    let wider = RelationLmConfig::new(97, 64, 4, 4, 64).with_pattern("LLLF".into());
+    match wider.init(&device).unwrap().load(&path) {
+        Err(ModelError::RecordMismatch { path: p, reason }) => {
+            assert!(p.ends_with("model.bpk"), "{p}");
+            assert!(reason.contains("shape mismatch"), "{reason}");
+        }
+        other => panic!("expected RecordMismatch, got {:?}", other.map(|_| ())),
+    }
+    match tiny("AAAA", 4).init(&device).unwrap().load(&path) {
+        Err(ModelError::RecordMismatch { reason, .. }) => {
+            assert!(
+                reason.contains("Missing") || reason.contains("Unused"),
+                "{reason}"
+            );
+        }
+        other => panic!("expected RecordMismatch, got {:?}", other.map(|_| ())),
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -276,6 +296,50 @@ fn generation_is_seeded_and_batched() {
         )
         .unwrap_err();
     assert!(matches!(err, ModelError::Sampling(_)), "{err}");
+}
+
+#[test]
+fn generation_stops_at_stop_tokens_and_streams() {
+    let device = Device::flex();
+    let lm = model(&tiny("LLLF", 4), &device);
+    let greedy = Sampling {
+        max_new_tokens: 12,
+        temperature: 0.0,
+        ..Sampling::default()
+    };
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6]];
+    let full = lm.generate(&prompts, &greedy).unwrap();
+    assert!(full.iter().all(|g| g.len() == 12));
+
+    // A stop token ends the continuation before it; the other row of the batch goes on
+    // unchanged (unless it draws the same token).
+    let stop = full[0][5];
+    let stopped = lm
+        .generate(
+            &prompts,
+            &Sampling {
+                stop_tokens: vec![stop],
+                ..greedy.clone()
+            },
+        )
+        .unwrap();
+    for (row, out) in full.iter().zip(&stopped) {
+        let cut = row.iter().position(|&t| t == stop).unwrap_or(row.len());
+        assert_eq!(out, &row[..cut]);
+        assert!(!out.contains(&stop), "the stop token is not returned");
+    }
+    assert!(stopped[0].len() <= 5);
+
+    // Streaming hands over the same tokens, in order, as they are drawn, and stops when told.
+    let mut seen = Vec::new();
+    let streamed = lm
+        .generate_stream(&prompts[1], &greedy, |t| {
+            seen.push(t);
+            seen.len() < 4
+        })
+        .unwrap();
+    assert_eq!(streamed, full[1][..4]);
+    assert_eq!(seen, full[1][..4]);
 }
 
 #[test]

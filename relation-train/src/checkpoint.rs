@@ -24,8 +24,9 @@ use burn::optim::ModuleOptimizer;
 use relation_model::RelationLm;
 use serde::{Deserialize, Serialize};
 
-use crate::data::{DataPosition, write_atomic};
+use crate::data::DataPosition;
 use crate::error::io;
+use crate::fs::{sync_dir, sync_file, write_atomic};
 use crate::{Result, TrainError};
 
 /// Version of the `state.json` layout.
@@ -65,6 +66,10 @@ pub struct CheckpointState {
     pub elapsed_s: f64,
     /// Sizes and checksums of the tensor files.
     pub files: BTreeMap<String, FileSum>,
+    /// Steps whose update was skipped so far because their loss or gradient was not finite
+    /// (`--on-nan skip`); absent in checkpoints written before it existed.
+    #[serde(default)]
+    pub skipped_steps: u64,
 }
 
 /// A fingerprint of a text (CRC32 and length), for configuration and tokenizer identity.
@@ -130,6 +135,12 @@ pub fn save(
     ]);
     let json = serde_json::to_string_pretty(&state).expect("state serializes");
     fs::write(tmp.join("state.json"), json).map_err(io(tmp.join("state.json")))?;
+    // Durable before visible: every file's bytes, then the directory holding their names,
+    // are on disk before the rename publishes the checkpoint (see `crate::fs`).
+    for file in ["model.bpk", "optim.bpk", "state.json"] {
+        sync_file(&tmp.join(file))?;
+    }
+    sync_dir(&tmp)?;
 
     let dest = root.join(&name);
     if dest.exists() {
@@ -143,6 +154,7 @@ pub fn save(
     } else {
         fs::rename(&tmp, &dest).map_err(io(&dest))?;
     }
+    sync_dir(&root)?;
     write_atomic(&root.join("latest"), name.as_bytes())?;
     prune(&root, keep, &name)?;
     Ok(dest)
@@ -296,4 +308,179 @@ pub fn load_model(dir: &Path, model: RelationLm) -> Result<RelationLm> {
 pub fn load_optim(dir: &Path, optim: ModuleOptimizer) -> Result<ModuleOptimizer> {
     let path = dir.join("optim.bpk");
     optim.load(&path).map_err(|e| bad(&path, format!("{e:?}")))
+}
+
+/// Whether `run` holds any checkpoint (complete or not, pointed at or not): what makes a
+/// directory a run that a new start must not overwrite. A directory with only `config.json`
+/// (a start that failed before its first checkpoint) is not one.
+pub fn any(run: &Path) -> bool {
+    checkpoints_dir(run).join("latest").exists() || list(run).is_ok_and(|l| !l.is_empty())
+}
+
+/// The step a checkpoint directory's name encodes (`step-00000042` → 42).
+pub fn step_of(dir: &Path) -> Option<u64> {
+    dir.file_name()?
+        .to_str()?
+        .strip_prefix("step-")?
+        .parse()
+        .ok()
+}
+
+/// Moves checkpoint directories out of the way (into `checkpoints/<label>-<unix time>/`, where
+/// nothing reads, prunes or overwrites them) and returns where they went. Used for the
+/// checkpoints after the one a run resumes from, so the continued run's saves and its pruning
+/// never mix two histories, while no work is deleted.
+///
+/// # Errors
+/// [`TrainError::Io`] if a move fails.
+pub fn set_aside(run: &Path, dirs: &[PathBuf], label: &str) -> Result<PathBuf> {
+    let root = checkpoints_dir(run);
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut aside = root.join(format!("{label}-{since}"));
+    let mut n = 1;
+    while aside.exists() {
+        n += 1;
+        aside = root.join(format!("{label}-{since}-{n}"));
+    }
+    fs::create_dir_all(&aside).map_err(io(&aside))?;
+    for dir in dirs {
+        let name = dir.file_name().expect("a checkpoint directory has a name");
+        fs::rename(dir, aside.join(name)).map_err(io(dir))?;
+    }
+    sync_dir(&aside)?;
+    sync_dir(&root)?;
+    Ok(aside)
+}
+
+/// Accepts `step-00000042`, `step-42` or `42`.
+fn parse_checkpoint_name(run: &Path, name: &str) -> Result<PathBuf> {
+    let digits = name.strip_prefix("step-").unwrap_or(name);
+    let step: u64 = digits.parse().map_err(|_| TrainError::Invalid {
+        name: "--from-checkpoint",
+        value: name.into(),
+        rule: "must name a checkpoint: step-N or N (see the run's checkpoints/ folder)".into(),
+    })?;
+    let dir = checkpoints_dir(run).join(name_of(step));
+    if !dir.is_dir() {
+        let have: Vec<String> = list(run)?
+            .iter()
+            .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        return Err(TrainError::Invalid {
+            name: "--from-checkpoint",
+            value: name.into(),
+            rule: format!(
+                "the run has no checkpoint of step {step}; it has: {}",
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            ),
+        });
+    }
+    Ok(dir)
+}
+
+/// Chooses the checkpoint a resume continues from, and verifies it.
+///
+/// With `from`, exactly that checkpoint (an error if it does not verify). Otherwise the one
+/// `latest` names; if that one (or the pointer) is damaged, the newest checkpoint that does
+/// verify, with a message through `log` naming each one skipped and why. Checkpoints newer
+/// than the chosen one are [set aside](set_aside), so the resumed run never prunes, overwrites
+/// or later falls back into the abandoned history.
+///
+/// # Errors
+/// [`TrainError::Checkpoint`] when no candidate verifies (naming each and why), or for a
+/// `from` that does not; [`TrainError::Invalid`] for a `from` that names no checkpoint.
+pub fn resume_point(
+    run: &Path,
+    from: Option<&str>,
+    model_json: &str,
+    tokenizer_json: &str,
+    log: &mut dyn FnMut(String),
+) -> Result<(PathBuf, CheckpointState)> {
+    let all = list(run)?;
+    let newer_than = |step: u64| -> Vec<PathBuf> {
+        all.iter()
+            .filter(|d| step_of(d).is_some_and(|s| s > step))
+            .cloned()
+            .collect()
+    };
+    if let Some(name) = from {
+        let dir = parse_checkpoint_name(run, name)?;
+        let state = verify(&dir, model_json, tokenizer_json)?;
+        let later = newer_than(state.step);
+        if !later.is_empty() {
+            let aside = set_aside(run, &later, "abandoned")?;
+            log(format!(
+                "resume: {} later checkpoint(s) moved to {} (the run continues from step {} instead)",
+                later.len(),
+                aside.display(),
+                state.step
+            ));
+        }
+        return Ok((dir, state));
+    }
+    // Candidates: what `latest` names first, then every checkpoint newest first.
+    let mut failures: Vec<String> = Vec::new();
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    match latest(run) {
+        Ok(Some(dir)) => candidates.push(dir),
+        Ok(None) => {}
+        Err(e) => failures.push(e.to_string()),
+    }
+    for dir in all.iter().rev() {
+        if !candidates.contains(dir) {
+            candidates.push(dir.clone());
+        }
+    }
+    for dir in &candidates {
+        match verify(dir, model_json, tokenizer_json) {
+            Ok(state) => {
+                if !failures.is_empty() {
+                    for why in &failures {
+                        log(format!("resume: skipped {why}"));
+                    }
+                    let later = newer_than(state.step);
+                    if !later.is_empty() {
+                        let aside = set_aside(run, &later, "unverified")?;
+                        log(format!(
+                            "resume: {} newer checkpoint(s) that did not verify moved to {}",
+                            later.len(),
+                            aside.display()
+                        ));
+                    }
+                    log(format!(
+                        "resume: falling back to {}, the newest checkpoint that verifies",
+                        dir.display()
+                    ));
+                    write_atomic(
+                        &checkpoints_dir(run).join("latest"),
+                        dir.file_name()
+                            .expect("a checkpoint has a name")
+                            .to_string_lossy()
+                            .as_bytes(),
+                    )?;
+                }
+                return Ok((dir.clone(), state));
+            }
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    if failures.is_empty() {
+        return Err(bad(
+            &checkpoints_dir(run),
+            "holds no complete checkpoint to resume from",
+        ));
+    }
+    Err(bad(
+        &checkpoints_dir(run),
+        format!(
+            "no checkpoint verifies, nothing was changed: {}",
+            failures.join("; ")
+        ),
+    ))
 }

@@ -3,14 +3,14 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use relation_model::Sampling;
 
 use crate::config::RunConfig;
 use crate::data::{self, DEFAULT_CORPUS_NAME};
 use crate::device::parse_device;
+use crate::error::io;
 use crate::evaluate::{evaluate, load_run};
-use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
-use crate::{Result, TrainError};
+use crate::train::{OnNan, TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
+use crate::{Result, TrainError, checkpoint};
 
 /// Train, evaluate and sample from Relation language models on any Burn backend.
 #[derive(Debug, Parser)]
@@ -34,6 +34,43 @@ pub enum Command {
     /// The results table and plots of a folder of runs named `<variant>-s<seed>`
     /// (scripts/experiments/small.sh makes them).
     Report(ReportArgs),
+    /// Write a run's checkpoint as a standalone model: the weights as safetensors, with the
+    /// model configuration and the tokenizer beside them.
+    Export(ExportArgs),
+}
+
+/// Formats `relation export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// `safetensors` (tensor names are module paths, e.g. `blocks.0.mixer.w1.weight`).
+    Safetensors,
+}
+
+/// `relation export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The run directory.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: PathBuf,
+    /// A checkpoint directory (default: the run's latest).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
+    pub format: ExportFormat,
+    /// The weights file (default: <run-dir>/export/model.safetensors); model.json and
+    /// tokenizer.json are written into the same folder.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// How `--resume` finds where to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResumeMode {
+    /// The run must exist: continue from its latest checkpoint that verifies.
+    Latest,
+    /// Continue the run if the directory holds one, start it otherwise.
+    Auto,
 }
 
 /// `relation report`.
@@ -55,17 +92,39 @@ pub struct ReportArgs {
 #[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     /// Run directory: config.json, model.json, tokenizer.json, checkpoints/, metrics.csv,
-    /// metrics.jsonl, loss.png. Default: runs/<preset>-<unix seconds>. Must not hold a run
-    /// unless --resume is given.
+    /// metrics.jsonl, loss.png, lock. Default: runs/<preset>-<unix seconds>. It becomes a run
+    /// with its first checkpoint; a run is continued with --resume or discarded with
+    /// --overwrite, never overwritten silently.
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
-    /// JSON configuration (any subset of the keys of a run's config.json); flags override it.
+    /// JSON configuration (any subset of the keys of a run's config.json, merged over the
+    /// defaults, or over the run's configuration when resuming); flags override it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Continue the run in --run-dir from its latest checkpoint, with its saved configuration
-    /// (only --device, --steps, --stop-at and the eval/log/checkpoint cadence may change).
-    #[arg(long, requires = "run_dir")]
-    pub resume: bool,
+    /// Continue the run in --run-dir with its saved configuration: `--resume` from its latest
+    /// checkpoint that verifies (falling back to an older one if the latest is damaged; from
+    /// step 0 if its first start stopped before any); `--resume auto` resumes if the directory
+    /// holds a run and starts one otherwise (a job restarted with the same command line). Flags
+    /// may repeat the run's settings; a changed --steps, --lr, --min-lr-ratio,
+    /// --warmup-steps, --decay-fraction, --weight-decay or --grad-clip is recorded in
+    /// changes.jsonl (the run stops being bit-exact); other changes are refused.
+    #[arg(long, requires = "run_dir", num_args = 0..=1, default_missing_value = "latest",
+        value_enum, value_name = "auto")]
+    pub resume: Option<ResumeMode>,
+    /// Resume from this checkpoint (step-N or N) instead of the latest, e.g. from before a
+    /// divergence with a lower --lr; the later checkpoints are moved aside, not deleted.
+    #[arg(long, requires = "run_dir", value_name = "STEP")]
+    pub from_checkpoint: Option<String>,
+    /// Discard the run in --run-dir (its own files only) and start afresh.
+    #[arg(long, conflicts_with_all = ["resume", "from_checkpoint"])]
+    pub overwrite: bool,
+    /// A step whose loss or gradient norm is not finite: stop the run (naming the last good
+    /// checkpoint), or skip its update and go on.
+    #[arg(long, value_enum, default_value_t = OnNan::Stop, value_name = "stop|skip")]
+    pub on_nan: OnNan,
+    /// With --on-nan skip: the most steps a run may skip before it stops as diverged.
+    #[arg(long, default_value_t = 10, value_name = "N")]
+    pub max_skipped_steps: u64,
     /// End this invocation after this step (writing a checkpoint), as if stopped; the schedule
     /// still spans --steps, and --resume continues exactly where it stopped.
     #[arg(long, value_name = "STEP")]
@@ -208,10 +267,9 @@ macro_rules! set {
 }
 
 impl TrainArgs {
-    /// Applies the flags to `cfg`; returns the names of the flags that change the run itself
-    /// (refused on `--resume`).
-    fn apply(&self, cfg: &mut RunConfig) -> Vec<&'static str> {
-        let mut fixed = set!(
+    /// Applies the flags to `cfg` (on resume, `train` then checks what they changed).
+    fn apply(&self, cfg: &mut RunConfig) {
+        set!(
             "--preset": self.preset => cfg.model.preset,
             "--pattern": self.pattern.clone().map(Some) => cfg.model.pattern,
             "--d-model": self.d_model.map(Some) => cfg.model.d_model,
@@ -238,7 +296,6 @@ impl TrainArgs {
             "--seed": self.seed => cfg.train.seed,
         );
         if !self.data.is_empty() {
-            fixed.push("--data");
             cfg.data.sources = self.data.clone();
         }
         if !self.devices.is_empty() {
@@ -257,7 +314,6 @@ impl TrainArgs {
             "--log-every": self.log_every => cfg.train.log_every,
             "--sample-tokens": self.sample_tokens => cfg.train.sample_tokens,
         );
-        fixed
     }
 }
 
@@ -292,9 +348,20 @@ pub struct GenerateArgs {
     /// A checkpoint directory (default: the run's latest).
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
-    /// The text to continue.
-    #[arg(long, default_value = "Call me")]
+    /// The text to continue; `-` reads it from standard input.
+    #[arg(long, default_value = "Call me", conflicts_with = "prompt_file")]
     pub prompt: String,
+    /// Read the text to continue from this file.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// End the continuation where this text appears (repeatable; the text itself is not
+    /// printed). Generation always ends at the end-of-text token.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// A prompt longer than the run's context (train.seq_len tokens) is refused unless this
+    /// is given; then only its last seq_len tokens are used.
+    #[arg(long)]
+    pub truncate_prompt: bool,
     /// Tokens to generate.
     #[arg(long, default_value_t = 200)]
     pub max_new_tokens: usize,
@@ -332,9 +399,31 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => run_train(&args),
         Command::Eval(args) => run_eval(&args),
-        Command::Generate(args) => run_generate(&args),
+        Command::Generate(args) => crate::sample::run_generate(&args),
         Command::Report(args) => run_report(&args),
+        Command::Export(args) => crate::sample::run_export(&args),
     }
+}
+
+/// A new default run directory `runs/<preset>-<unix seconds>[-n]`, claimed by creating it, so
+/// two runs started in the same second get two directories.
+fn new_run_dir(preset: &str) -> Result<PathBuf> {
+    let root = PathBuf::from("runs");
+    std::fs::create_dir_all(&root).map_err(io(&root))?;
+    let stem = format!("{preset}-{}", unix_seconds());
+    for n in 1u32.. {
+        let dir = if n == 1 {
+            root.join(&stem)
+        } else {
+            root.join(format!("{stem}-{n}"))
+        };
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(&dir)(e)),
+        }
+    }
+    unreachable!("u32 suffixes run out")
 }
 
 fn run_report(args: &ReportArgs) -> Result<()> {
@@ -364,35 +453,34 @@ fn run_report(args: &ReportArgs) -> Result<()> {
 }
 
 fn run_train(args: &TrainArgs) -> Result<()> {
-    let mut config = if args.resume {
+    // Resume when asked, when --from-checkpoint names where, or (auto) when there is a run.
+    let resume = match (args.resume, &args.run_dir) {
+        (Some(ResumeMode::Auto), Some(dir)) => checkpoint::any(dir),
+        (Some(_), _) => true,
+        (None, _) => args.from_checkpoint.is_some(),
+    };
+    let base = if resume {
         let dir = args.run_dir.as_ref().expect("clap requires --run-dir");
-        RunConfig::load(&dir.join("config.json")).map_err(|_| TrainError::RunDir {
-            path: dir.clone(),
-            reason: "has no readable config.json, so there is no run to resume".into(),
-        })?
-    } else if let Some(path) = &args.config {
-        RunConfig::load(path)?
+        let path = dir.join("config.json");
+        if !path.exists() {
+            return Err(TrainError::RunDir {
+                path: dir.clone(),
+                reason: "has no config.json, so there is no run to resume".into(),
+            });
+        }
+        RunConfig::load(&path)?
     } else {
         RunConfig::default()
     };
-    if let (true, Some(path)) = (args.resume, &args.config) {
-        return Err(TrainError::Invalid {
-            name: "--config",
-            value: path.display().to_string(),
-            rule: "cannot be combined with --resume (the run's own config.json is used)".into(),
-        });
-    }
-    let fixed = args.apply(&mut config);
-    if args.resume && !fixed.is_empty() {
-        return Err(TrainError::Invalid {
-            name: "--resume",
-            value: fixed.join(" "),
-            rule: "these flags change the run itself and cannot be combined with --resume; start a new run instead".into(),
-        });
-    }
-    let run_dir = args.run_dir.clone().unwrap_or_else(|| {
-        PathBuf::from("runs").join(format!("{}-{}", config.model.preset, unix_seconds()))
-    });
+    let mut config = match &args.config {
+        Some(path) => RunConfig::load_onto(&base, path)?,
+        None => base,
+    };
+    args.apply(&mut config);
+    let run_dir = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => new_run_dir(&config.model.preset)?,
+    };
     let corpus_name = if config.data.sources.is_empty() {
         DEFAULT_CORPUS_NAME.to_string()
     } else {
@@ -409,9 +497,13 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         config.clone(),
         &TrainOptions {
             run_dir,
-            resume: args.resume,
+            resume,
+            from_checkpoint: args.from_checkpoint.clone(),
+            overwrite: args.overwrite,
             stop_at: args.stop_at,
             no_progress: args.no_progress,
+            on_nan: args.on_nan,
+            max_skipped_steps: args.max_skipped_steps,
         },
     )?;
     println!();
@@ -459,7 +551,10 @@ fn run_train(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-fn device_for(run_dir: &std::path::Path, flag: &Option<String>) -> Result<burn::tensor::Device> {
+pub(crate) fn device_for(
+    run_dir: &std::path::Path,
+    flag: &Option<String>,
+) -> Result<burn::tensor::Device> {
     let name = match flag {
         Some(name) => name.clone(),
         None => RunConfig::load(&run_dir.join("config.json"))
@@ -509,49 +604,5 @@ fn run_eval(args: &EvalArgs) -> Result<()> {
         result.perplexity,
         result.bits_per_byte
     );
-    Ok(())
-}
-
-fn run_generate(args: &GenerateArgs) -> Result<()> {
-    let device = device_for(&args.run_dir, &args.device)?;
-    let run = load_run(&args.run_dir, args.checkpoint.as_deref(), &device)?;
-    let prompt = data::encode(&run.tokenizer, &args.prompt)?;
-    if prompt.is_empty() {
-        return Err(TrainError::Invalid {
-            name: "--prompt",
-            value: format!("{:?}", args.prompt),
-            rule: "must encode to at least one token".into(),
-        });
-    }
-    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
-        return Err(TrainError::Invalid {
-            name: "--top-p",
-            value: args.top_p.to_string(),
-            rule: "must be in (0, 1] (1 = no nucleus cut)".into(),
-        });
-    }
-    if args.samples == 0 {
-        return Err(TrainError::Invalid {
-            name: "--samples",
-            value: "0".into(),
-            rule: "must be >= 1".into(),
-        });
-    }
-    for i in 0..args.samples {
-        let sampling = Sampling {
-            max_new_tokens: args.max_new_tokens,
-            temperature: args.temperature,
-            top_k: (args.top_k > 0).then_some(args.top_k),
-            top_p: (args.top_p < 1.0).then_some(args.top_p),
-            seed: args.seed.wrapping_add(i as u64),
-        };
-        let out = run
-            .model
-            .generate(std::slice::from_ref(&prompt), &sampling)?;
-        println!("{}{}", args.prompt, data::decode(&run.tokenizer, &out[0])?);
-        if i + 1 < args.samples {
-            println!("---");
-        }
-    }
     Ok(())
 }

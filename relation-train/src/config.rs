@@ -313,6 +313,71 @@ impl RunConfig {
         })
     }
 
+    /// Reads a (possibly partial) configuration file over `base`: only the keys the file names
+    /// change (objects merge key by key), so a file of three keys on top of a run's saved
+    /// configuration changes those three.
+    ///
+    /// # Errors
+    /// [`TrainError::Config`] naming the file and the parser's message (unknown keys included).
+    pub fn load_onto(base: &Self, path: &Path) -> Result<Self> {
+        let bad = |reason: String| TrainError::Config {
+            path: path.into(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(io(path))?;
+        let patch: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let mut merged = serde_json::to_value(base).expect("config serializes");
+        merge(&mut merged, patch);
+        serde_json::from_value(merged).map_err(|e| bad(e.to_string()))
+    }
+
+    /// What differs from `saved` (the configuration a run was started with) and whether a
+    /// resume may change it: the devices and the evaluation, logging and checkpoint cadence
+    /// change freely; [`RESUMABLE_CHANGES`] change with a [`Change`] recorded, as they end the
+    /// run's bit-exact reproducibility; anything else defines the run (model, data, batch
+    /// shape, seed, optimizer betas) and is refused.
+    ///
+    /// # Errors
+    /// [`TrainError::Invalid`] naming every refused key with both values.
+    pub fn changes_since(&self, saved: &Self) -> Result<Vec<Change>> {
+        let mut before = Vec::new();
+        let mut after = Vec::new();
+        flatten(
+            "",
+            &serde_json::to_value(saved).expect("config serializes"),
+            &mut before,
+        );
+        flatten(
+            "",
+            &serde_json::to_value(self).expect("config serializes"),
+            &mut after,
+        );
+        let mut changes = Vec::new();
+        let mut refused = Vec::new();
+        for ((key, from), (_, to)) in before.into_iter().zip(after) {
+            if from == to || FREE_CHANGES.contains(&key.as_str()) {
+                continue;
+            }
+            if RESUMABLE_CHANGES.contains(&key.as_str()) {
+                changes.push(Change { key, from, to });
+            } else {
+                refused.push(format!("{key} {from} -> {to}"));
+            }
+        }
+        if !refused.is_empty() {
+            return Err(TrainError::Invalid {
+                name: "--resume",
+                value: refused.join(", "),
+                rule: format!(
+                    "these settings define the run and cannot change on resume (only {} can, and the devices and cadence); start a new run instead (another --run-dir, or --overwrite)",
+                    RESUMABLE_CHANGES.join(", ")
+                ),
+            });
+        }
+        Ok(changes)
+    }
+
     /// Checks every range rule that does not need the data.
     ///
     /// # Errors
@@ -402,5 +467,77 @@ impl RunConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// Settings a resume may change freely: where the run computes and how often it evaluates,
+/// logs and saves (none of them changes the weights).
+pub const FREE_CHANGES: &[&str] = &[
+    "device",
+    "devices",
+    "data.cache_dir",
+    "train.eval_every",
+    "train.eval_tokens",
+    "train.checkpoint_every",
+    "train.keep_checkpoints",
+    "train.log_every",
+    "train.sample_tokens",
+];
+
+/// Settings a resume may change to recover a run (a lower learning rate after a divergence,
+/// more steps, another schedule or clip): recorded in the run's `changes.jsonl`, and from that
+/// step on the run is no longer reproducible from its original configuration alone.
+pub const RESUMABLE_CHANGES: &[&str] = &[
+    "train.steps",
+    "train.lr",
+    "train.min_lr_ratio",
+    "train.warmup_steps",
+    "train.decay_fraction",
+    "train.weight_decay",
+    "train.grad_clip",
+];
+
+/// One setting changed on resume.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Change {
+    /// Dotted key (`train.lr`).
+    pub key: String,
+    /// The value before.
+    pub from: serde_json::Value,
+    /// The value from now on.
+    pub to: serde_json::Value,
+}
+
+/// Merges `patch` into `base`: objects key by key, anything else replaced.
+fn merge(base: &mut serde_json::Value, patch: serde_json::Value) {
+    match (base, patch) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(&k) {
+                    Some(slot) => merge(slot, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (slot, v) => *slot = v,
+    }
+}
+
+/// Dotted key → value for every leaf (arrays are leaves), in serialization order.
+fn flatten(prefix: &str, value: &serde_json::Value, out: &mut Vec<(String, serde_json::Value)>) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (k, v) in map {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        leaf => out.push((prefix.to_string(), leaf.clone())),
     }
 }

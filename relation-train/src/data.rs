@@ -23,6 +23,7 @@ use tokenizers::{AddedToken, Tokenizer, TokenizerBuilder};
 
 use crate::config::{DataSpec, SplitMode};
 use crate::error::io;
+use crate::fs::write_atomic;
 use crate::{Result, TrainError};
 
 /// The shipped default corpus (Moby Dick, public domain; see `relation-train/data/README.md`).
@@ -353,13 +354,13 @@ pub fn encode(tokenizer: &Tokenizer, text: &str) -> Result<Vec<u32>> {
         .to_vec())
 }
 
-/// Decodes tokens to text.
+/// Decodes tokens to text, leaving out special tokens (`<|endoftext|>`).
 ///
 /// # Errors
 /// [`TrainError::Tokenizer`] if decoding fails.
 pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String> {
     tokenizer
-        .decode(ids, false)
+        .decode(ids, true)
         .map_err(|e| TrainError::Tokenizer(e.to_string()))
 }
 
@@ -370,16 +371,6 @@ pub fn decode(tokenizer: &Tokenizer, ids: &[u32]) -> Result<String> {
 pub fn load_tokenizer(path: &Path) -> Result<Tokenizer> {
     Tokenizer::from_file(path)
         .map_err(|e| TrainError::Tokenizer(format!("{}: {e}", path.display())))
-}
-
-/// Writes `bytes` to `path` through a temporary file and a rename (never half a file).
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    fs::rename(&tmp, path).map_err(io(path))
 }
 
 fn write_tokens(path: &Path, tokens: &[u32]) -> Result<()> {

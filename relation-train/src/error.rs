@@ -58,7 +58,7 @@ pub enum TrainError {
     },
     /// The loss or gradient norm became NaN or infinite.
     #[error(
-        "training stopped at step {step}: {what} is {value} (not finite); nothing was saved from this step; the last good checkpoint is {last_good}"
+        "training stopped at step {step}: {what} is {value} (not finite); nothing was saved from this step; the last good checkpoint is {last_good}. To go on: `relation train --resume --run-dir DIR` with `--on-nan skip` (skip such steps), or with `--from-checkpoint step-N --lr LOWER` (an earlier checkpoint and a lower learning rate)"
     )]
     NonFinite {
         /// The optimizer step that produced it.
@@ -67,6 +67,19 @@ pub enum TrainError {
         what: &'static str,
         /// The value.
         value: f64,
+        /// Path of the last good checkpoint, or `none (no checkpoint written yet)`.
+        last_good: String,
+    },
+    /// Too many steps skipped for non-finite values (`--on-nan skip`): the model has likely
+    /// diverged, which skipping cannot repair.
+    #[error(
+        "training stopped at step {step}: its loss or gradient is not finite and the run has already skipped {limit} steps (--max-skipped-steps); the model has likely diverged. The last good checkpoint is {last_good}; resume from an earlier one with a lower learning rate: `relation train --resume --run-dir DIR --from-checkpoint step-N --lr LOWER`"
+    )]
+    SkipLimit {
+        /// The optimizer step that would have been skipped.
+        step: u64,
+        /// The cap.
+        limit: u64,
         /// Path of the last good checkpoint, or `none (no checkpoint written yet)`.
         last_good: String,
     },

@@ -6,7 +6,8 @@
 //! ```text
 //! relation train    [--data PATH..] [--preset cpu|tiny|small|10m|…] [--pattern LLLF] [--device wgpu]
 //! relation eval     --run-dir DIR [--data PATH..]
-//! relation generate --run-dir DIR --prompt "Call me"
+//! relation generate --run-dir DIR --prompt "Call me" [--stop TEXT] [--prompt-file F]
+//! relation export   --run-dir DIR --out model.safetensors
 //! ```
 //!
 //! A run directory is the unit of work: `config.json` (every setting), `model.json`,
@@ -20,9 +21,12 @@ pub mod data;
 pub mod device;
 pub mod error;
 pub mod evaluate;
+pub mod fs;
 pub mod metrics;
 pub mod optim;
 pub mod report;
+mod run_dir;
+pub mod sample;
 pub mod train;
 
 pub use config::{DataSpec, ModelSpec, RunConfig, TrainSpec};

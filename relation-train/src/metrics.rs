@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::Result;
-use crate::data::write_atomic;
 use crate::error::io;
+use crate::fs::write_atomic;
 
 /// One optimizer step.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -20,9 +20,12 @@ pub struct Row {
     pub tokens: u64,
     /// Learning rate of this step.
     pub lr: f64,
-    /// Mean training loss of the step's tokens (nats per token).
+    /// Mean training loss of the step's tokens (nats per token); NaN on a skipped step
+    /// (`--on-nan skip`), written as `null` in JSON.
+    #[serde(deserialize_with = "nan_if_null")]
     pub loss: f64,
-    /// Global gradient norm before clipping.
+    /// Global gradient norm before clipping (NaN or infinite on a skipped step).
+    #[serde(deserialize_with = "nan_if_null")]
     pub grad_norm: f64,
     /// Training tokens per second of this step (forward, backward, update).
     pub tokens_per_s: f64,
@@ -34,6 +37,11 @@ pub struct Row {
     pub val_ppl: Option<f64>,
     /// Validation bits per UTF-8 byte of text.
     pub val_bpb: Option<f64>,
+}
+
+/// JSON has no NaN: serde_json writes a non-finite number as `null`, read back here as NaN.
+fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
 const CSV_HEADER: &str =

@@ -3,7 +3,7 @@
 //! bit, with live progress and a metrics log.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use burn::module::Module;
@@ -14,29 +14,68 @@ use relation_model::{RelationLm, Sampling};
 
 use crate::checkpoint::{self, CheckpointState, fingerprint};
 use crate::config::{RunConfig, TrainSpec};
-use crate::data::{self, Batcher, DataPosition, write_atomic};
+use crate::data::{self, Batcher, DataPosition};
 use crate::device::parse_device;
 use crate::error::io;
 use crate::evaluate::{EvalResult, evaluate};
+use crate::fs::{RunLock, write_atomic};
 use crate::metrics::{Metrics, Row};
 use crate::optim::{adamw, clip_global_norm, squared_grad_norm, token_nll, wsd_lr};
+use crate::run_dir::{Start, open_run, record_changes};
 use crate::{Result, TrainError};
 
-/// Test hook: when set to a step number, that step's loss is replaced by NaN (to exercise the
-/// divergence stop without waiting for a real one).
+/// Test hook: a step number, or several separated by commas, whose loss is replaced by NaN (to
+/// exercise the divergence handling without waiting for a real divergence).
 pub const POISON_STEP_ENV: &str = "RELATION_TEST_POISON_STEP";
 
+/// What a step whose loss or gradient norm is not finite does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnNan {
+    /// Stop the run with an error naming the last good checkpoint (the default).
+    #[default]
+    Stop,
+    /// Skip that step's update (its data is consumed, the weights and optimizer state are
+    /// left as they were) and go on, up to [`TrainOptions::max_skipped_steps`] times a run.
+    Skip,
+}
+
 /// How to run `train` beyond the configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct TrainOptions {
     /// The run directory.
     pub run_dir: PathBuf,
-    /// Continue from the run directory's latest checkpoint.
+    /// Continue the run in `run_dir`: from its latest checkpoint that verifies, or from step 0
+    /// if its first start stopped before writing one.
     pub resume: bool,
+    /// Resume from this checkpoint (`step-N` or `N`) instead of the latest; the later ones are
+    /// moved aside, not deleted. Requires `resume`.
+    pub from_checkpoint: Option<String>,
+    /// Discard the run in `run_dir` (its files, not the folder's other contents) and start
+    /// afresh.
+    pub overwrite: bool,
     /// End this invocation after this step (with a checkpoint).
     pub stop_at: Option<u64>,
     /// No progress bar (log lines only).
     pub no_progress: bool,
+    /// What a non-finite loss or gradient norm does.
+    pub on_nan: OnNan,
+    /// With [`OnNan::Skip`], the most steps a run may skip before it stops.
+    pub max_skipped_steps: u64,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self {
+            run_dir: PathBuf::new(),
+            resume: false,
+            from_checkpoint: None,
+            overwrite: false,
+            stop_at: None,
+            no_progress: false,
+            on_nan: OnNan::Stop,
+            max_skipped_steps: 10,
+        }
+    }
 }
 
 /// What a finished (or stopped) invocation did.
@@ -65,33 +104,20 @@ pub struct TrainSummary {
 /// Upper bound of a bits-per-byte figure worth beating on the shipped corpus.
 pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
 
-fn is_run(dir: &Path) -> bool {
-    dir.join("config.json").exists() || dir.join("checkpoints").exists()
-}
-
-/// Trains according to `config` in `opts.run_dir` (a new directory, or an existing run with
-/// `opts.resume`), printing progress to stderr and a log to stdout.
+/// Trains according to `config` in `opts.run_dir`, printing progress to stderr and a log to
+/// stdout. A directory becomes a run with its first checkpoint: a start that fails before one
+/// can be rerun (or resumed from step 0); one that has a checkpoint is continued with
+/// `opts.resume` or discarded with `opts.overwrite`. The directory is locked for the whole
+/// call, so a second writer gets an error instead of overwriting this one's work.
 ///
 /// # Errors
-/// Bad settings, data or device; an existing run without `resume`; a checkpoint that fails
-/// verification; a non-finite loss or gradient norm ([`TrainError::NonFinite`]).
+/// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
+/// directory in use; on resume, a changed setting that defines the run, or no checkpoint that
+/// verifies; a non-finite loss or gradient norm ([`TrainError::NonFinite`], or
+/// [`TrainError::SkipLimit`] with [`OnNan::Skip`]).
 pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let run = &opts.run_dir;
     config.validate()?;
-    if !opts.resume && is_run(run) {
-        return Err(TrainError::RunDir {
-            path: run.clone(),
-            reason:
-                "already holds a run; pass --resume to continue it, or choose another --run-dir"
-                    .into(),
-        });
-    }
-    if opts.resume && !run.join("config.json").exists() {
-        return Err(TrainError::RunDir {
-            path: run.clone(),
-            reason: "has no config.json, so there is no run to resume".into(),
-        });
-    }
     if let Some(stop) = opts.stop_at
         && stop == 0
     {
@@ -101,13 +127,22 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
             rule: "must be >= 1".into(),
         });
     }
+    if let (Some(name), false) = (&opts.from_checkpoint, opts.resume) {
+        return Err(TrainError::Invalid {
+            name: "--from-checkpoint",
+            value: name.clone(),
+            rule: "only resumes (it needs --resume)".into(),
+        });
+    }
     let device_names = config.device_names();
     let replicas = device_names
         .iter()
         .map(|name| parse_device(name).map(|d| d.autodiff()))
         .collect::<Result<Vec<Device>>>()?;
     let t = config.train.clone();
-    fs::create_dir_all(run).map_err(io(run))?;
+    let _lock = RunLock::acquire(run)?;
+    let start = open_run(&config, opts)?;
+    let resume = matches!(start, Start::Resume(_));
 
     let mut log = |line: String| println!("{line}");
     let corpus = data::prepare(&config.data, &mut log)?;
@@ -115,7 +150,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
 
     // The run directory's identity: written once, compared on resume.
-    if opts.resume {
+    if resume {
         for (name, now) in [
             ("model.json", &model_json),
             ("tokenizer.json", &corpus.tokenizer_json),
@@ -155,12 +190,15 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let mut elapsed_before = 0.0f64;
     let mut last_checkpoint = String::from("none (no checkpoint written yet)");
     let mut checkpoint_dir = PathBuf::new();
-    if opts.resume {
-        let dir = checkpoint::latest(run)?.ok_or_else(|| TrainError::RunDir {
-            path: run.clone(),
-            reason: "has no complete checkpoint to resume from".into(),
-        })?;
-        let state = checkpoint::verify(&dir, &model_json, &corpus.tokenizer_json)?;
+    let mut skipped = 0u64;
+    if let Start::Resume(changes) = &start {
+        let (dir, state) = checkpoint::resume_point(
+            run,
+            opts.from_checkpoint.as_deref(),
+            &model_json,
+            &corpus.tokenizer_json,
+            &mut log,
+        )?;
         if state.seed != t.seed {
             return Err(TrainError::Checkpoint {
                 path: dir,
@@ -172,14 +210,18 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         tokens_seen = state.tokens_seen;
         position = state.position;
         elapsed_before = state.elapsed_s;
+        skipped = state.skipped_steps;
         last_checkpoint = dir.display().to_string();
         checkpoint_dir = dir;
         println!("resume: {} (step {step})", checkpoint_dir.display());
+        if !changes.is_empty() {
+            record_changes(run, step, changes, &config)?;
+        }
     }
     // Built after any resume: the loaded weights carry the saved parameter ids, which the
     // weight-decay groups and the optimizer state are keyed by.
     let mut optim = adamw(&model, &t);
-    if opts.resume {
+    if resume {
         optim = checkpoint::load_optim(&checkpoint_dir, optim)?;
     }
     let params = model.num_params();
@@ -225,10 +267,10 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
 
     let mut batcher = Batcher::new(corpus.train.len(), t.seq_len, t.seed, position)?;
     let val_bytes_per_token = corpus.meta.val_bytes as f64 / corpus.meta.val_tokens as f64;
-    let mut metrics = Metrics::open(run, opts.resume.then_some(step))?;
-    let poison_step: Option<u64> = std::env::var(POISON_STEP_ENV)
-        .ok()
-        .and_then(|v| v.parse().ok());
+    let mut metrics = Metrics::open(run, resume.then_some(step))?;
+    let poison_steps: Vec<u64> = std::env::var(POISON_STEP_ENV)
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_default();
 
     let end = opts.stop_at.map_or(t.steps, |s| s.min(t.steps));
     let bar = if opts.no_progress {
@@ -280,12 +322,15 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
             .iter::<f32>()
             .collect(); // [loss, |g|^2]
         let mut loss = read[0] as f64;
-        if poison_step == Some(step) {
+        if poison_steps.contains(&step) {
             loss = f64::NAN;
         }
         let grad_norm = (read[1] as f64).sqrt();
-        for (what, value) in [("loss", loss), ("gradient norm", grad_norm)] {
-            if !value.is_finite() {
+        let not_finite = [("loss", loss), ("gradient norm", grad_norm)]
+            .into_iter()
+            .find(|(_, v)| !v.is_finite());
+        if let Some((what, value)) = not_finite {
+            if opts.on_nan == OnNan::Stop {
                 bar.abandon();
                 return Err(TrainError::NonFinite {
                     step,
@@ -294,9 +339,25 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
                     last_good: last_checkpoint,
                 });
             }
+            if skipped >= opts.max_skipped_steps {
+                bar.abandon();
+                return Err(TrainError::SkipLimit {
+                    step,
+                    limit: opts.max_skipped_steps,
+                    last_good: last_checkpoint,
+                });
+            }
+            // The step's data is consumed and its row logged (loss NaN), but the weights and
+            // the optimizer state stay as they were.
+            skipped += 1;
+            say(format!(
+                "step {step:>6} | {what} is {value}: update skipped ({skipped} of at most {} skips)",
+                opts.max_skipped_steps
+            ));
+        } else {
+            clip_global_norm(&model, &mut grads, grad_norm, t.grad_clip);
+            model = optim.step(lr, model, grads);
         }
-        clip_global_norm(&model, &mut grads, grad_norm, t.grad_clip);
-        model = optim.step(lr, model, grads);
         tokens_seen += per_step;
         let step_time = step_start.elapsed().as_secs_f64();
 
@@ -354,6 +415,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
                 tokenizer_fingerprint: fingerprint(&corpus.tokenizer_json),
                 elapsed_s: elapsed_before + started.elapsed().as_secs_f64(),
                 files: Default::default(),
+                skipped_steps: skipped,
             };
             checkpoint_dir = checkpoint::save(run, &model, &optim, state, t.keep_checkpoints)?;
             last_checkpoint = checkpoint_dir.display().to_string();
@@ -491,6 +553,7 @@ fn sample_after_training(
         top_k: Some(40),
         top_p: Some(0.95),
         seed,
+        stop_tokens: tokenizer.token_to_id(data::EOT).into_iter().collect(),
     };
     let out = model.generate(std::slice::from_ref(&prompt), &sampling)?;
     Ok((

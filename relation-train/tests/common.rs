@@ -128,3 +128,14 @@ pub fn with(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
     }
     args
 }
+
+/// `train --resume` of `run`, without a progress bar.
+pub fn resume_args(run: &Path) -> Vec<String> {
+    vec![
+        "train".into(),
+        "--resume".into(),
+        "--run-dir".into(),
+        run.to_str().unwrap().into(),
+        "--no-progress".into(),
+    ]
+}

@@ -6,3 +6,4 @@ mod common;
 mod cli;
 mod failures;
 mod parts;
+mod recovery;

@@ -15,8 +15,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
-cargo build --release -p relation-train --bin relation
-BIN="$CARGO_TARGET_DIR/release/relation"
+# BIN=path/to/relation pins a prebuilt binary (e.g. a copy, so that rebuilding the workspace
+# while the runs go on cannot change the code under them); otherwise build it here.
+if [ -z "${BIN:-}" ]; then
+  cargo build --release -p relation-train --bin relation
+  BIN="$CARGO_TARGET_DIR/release/relation"
+fi
 
 VARIANTS="${VARIANTS:-F A LLLF F-lambda0 F-1head F-nogivens}"
 SEEDS="${SEEDS:-0 1 2}"
