@@ -570,6 +570,15 @@ fn run_eval(args: &EvalArgs) -> Result<()> {
     let t = &run.config.train;
     let (stream, bytes, what) = if args.data.is_empty() {
         let corpus = data::prepare(&run.config.data, &mut |line| println!("{line}"))?;
+        // The split is rebuilt from the run's sources: refuse it if they no longer give the
+        // tokenizer the run was trained with (the validation tokens would not be the run's).
+        let saved = args.run_dir.join("tokenizer.json");
+        if std::fs::read_to_string(&saved).map_err(io(&saved))? != corpus.tokenizer_json {
+            return Err(TrainError::RunDir {
+                path: args.run_dir.clone(),
+                reason: "its data no longer gives the tokenizer it was trained with (tokenizer.json differs: the corpus changed since the run started); evaluate on explicit text with --data instead".into(),
+            });
+        }
         let bytes_per_token = corpus.meta.val_bytes as f64 / corpus.meta.val_tokens as f64;
         (
             corpus.val,

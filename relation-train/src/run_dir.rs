@@ -17,6 +17,7 @@ const RUN_FILES: &[&str] = &[
     "config.json",
     "model.json",
     "tokenizer.json",
+    "data.json",
     "metrics.jsonl",
     "metrics.csv",
     "loss.png",

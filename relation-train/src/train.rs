@@ -149,13 +149,27 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let model_config = config.model.resolve(corpus.meta.vocab_size)?;
     let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
 
+    // The corpus's identity: the tokenized corpus's cache key (a hash of every unit's text,
+    // its side of the split and the tokenizer settings) and its sizes, so a resume notices
+    // changed data even when the tokenizer is given rather than trained on it.
+    let data_json = serde_json::to_string_pretty(&serde_json::json!({
+        "corpus": corpus.cache.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "train_tokens": corpus.meta.train_tokens,
+        "val_tokens": corpus.meta.val_tokens,
+    }))
+    .expect("json serializes");
+
     // The run directory's identity: written once, compared on resume.
     if resume {
         for (name, now) in [
             ("model.json", &model_json),
             ("tokenizer.json", &corpus.tokenizer_json),
+            ("data.json", &data_json),
         ] {
             let path = run.join(name);
+            if name == "data.json" && !path.exists() {
+                continue; // a run started before data.json existed
+            }
             let saved = fs::read_to_string(&path).map_err(io(&path))?;
             if &saved != now {
                 return Err(TrainError::RunDir {
@@ -170,6 +184,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         let config_json = serde_json::to_string_pretty(&config).expect("config serializes");
         write_atomic(&run.join("config.json"), config_json.as_bytes())?;
         write_atomic(&run.join("model.json"), model_json.as_bytes())?;
+        write_atomic(&run.join("data.json"), data_json.as_bytes())?;
         write_atomic(
             &run.join("tokenizer.json"),
             corpus.tokenizer_json.as_bytes(),

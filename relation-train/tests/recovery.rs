@@ -260,3 +260,36 @@ fn a_second_writer_is_refused_while_the_first_runs() {
     let out = ok(&plus(resume_args(&run), &["--stop-at", "1"]));
     assert!(out.contains("resume:"), "{out}");
 }
+
+#[test]
+fn changed_data_is_refused_on_resume_and_eval() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
+    let a = tmp.path().join("a");
+    ok(&with(tiny_args(&a, &cache, &corpus), "--stop-at", "2"));
+    // A run with a given tokenizer: its tokenizer.json does not depend on the data.
+    let b = tmp.path().join("b");
+    let given = a.join("tokenizer.json");
+    ok(&with(
+        plus(
+            tiny_args(&b, &cache, &corpus),
+            &["--tokenizer", given.to_str().unwrap()],
+        ),
+        "--stop-at",
+        "2",
+    ));
+    let mut text = std::fs::read_to_string(&corpus).unwrap();
+    text.push_str("\n\nA paragraph that was not there when the runs started.\n");
+    std::fs::write(&corpus, text).unwrap();
+    fails_with(&resume_args(&b), &[], "data.json differs");
+    fails_with(&resume_args(&a), &[], "tokenizer.json differs");
+    fails_with(
+        &[
+            "eval".into(),
+            "--run-dir".into(),
+            a.to_str().unwrap().into(),
+        ],
+        &[],
+        "the corpus changed since the run started",
+    );
+}
