@@ -16,7 +16,8 @@ use crate::{Result, TrainError};
 /// # Errors
 /// A run or checkpoint that cannot be loaded; unwritable output.
 pub fn run_export(args: &ExportArgs) -> Result<()> {
-    let device = burn::tensor::Device::flex();
+    // The run's own device (any backend can write safetensors).
+    let device = device_for(&args.run_dir, &None)?;
     let run = load_run(&args.run_dir, args.checkpoint.as_deref(), &device)?;
     let out = args
         .out
