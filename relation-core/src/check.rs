@@ -127,6 +127,25 @@ pub fn same_device_as<const N: usize, const M: usize, K: Basic, L: Basic>(
     Ok(())
 }
 
+/// Checks that the float tensor `x` has the element type of the argument `reference_name`.
+pub fn same_dtype<const N: usize, const M: usize>(
+    name: &'static str,
+    x: &Tensor<N>,
+    reference_name: &'static str,
+    reference: &Tensor<M>,
+) -> Result<()> {
+    let (got, expected) = (x.dtype(), reference.dtype());
+    if got != expected {
+        return Err(RelationError::DTypeMismatch {
+            name,
+            reference: reference_name,
+            expected: format!("{expected:?}"),
+            got: format!("{got:?}"),
+        });
+    }
+    Ok(())
+}
+
 /// Checks the Self temperature `tau_S`.
 pub fn tau(tau: f64) -> Result<()> {
     if tau.is_finite() && tau > 0.0 {
@@ -148,6 +167,8 @@ pub fn relation_inputs(
     same_bthd("info", info, "p1", &dims)?;
     same_device("p2", p2, p1)?;
     same_device("info", info, p1)?;
+    same_dtype("p2", p2, "p1", p1)?;
+    same_dtype("info", info, "p1", p1)?;
     tau(tau_s)?;
     Ok(dims)
 }

@@ -95,6 +95,21 @@ pub enum RelationError {
         /// Device of the argument.
         got: String,
     },
+    /// Float inputs of one operation with different element types (e.g. `p1` f32, `p2` f16):
+    /// the kernels compute in one dtype, so the caller casts, knowingly.
+    #[error(
+        "`{name}` is {got}, but `{reference}` is {expected}; cast one of them (one dtype per call)"
+    )]
+    DTypeMismatch {
+        /// Argument name.
+        name: &'static str,
+        /// The argument whose dtype is taken as the reference (the first input).
+        reference: &'static str,
+        /// Dtype of the reference argument.
+        expected: String,
+        /// Dtype of the argument.
+        got: String,
+    },
     /// A target token id is outside the vocabulary of the logits.
     #[error("target {index} is token id {value}, outside the vocabulary 0..{vocab}")]
     TargetOutOfRange {

@@ -98,7 +98,8 @@ fn check_same<const N: usize>(
             got: x.dims().to_vec(),
         });
     }
-    crate::check::same_device_as(name, x, reference_name, reference)
+    crate::check::same_device_as(name, x, reference_name, reference)?;
+    crate::check::same_dtype(name, x, reference_name, reference)
 }
 
 /// Checks the inputs of [`naive_swiglu`] (shared with the fused entry point).

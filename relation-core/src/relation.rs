@@ -272,6 +272,8 @@ pub fn naive_relation_rows(
     }
     check::same_device("p2", &p2, &p1)?;
     check::same_device("info", &info, &p1)?;
+    check::same_dtype("p2", &p2, "p1", &p1)?;
+    check::same_dtype("info", &info, "p1", &p1)?;
     check::exact_shape("lambda", &lambda, "[1]", [1])?;
     check::tau(tau_s)?;
     let offset = t - n;

@@ -234,3 +234,38 @@ fn cross_entropy_matches_log_sum_exp_by_hand() {
     assert!((nll[0] - (lse - 3.0)).abs() < 1e-12, "{}", nll[0]);
     assert!((nll[1] - 3f64.ln()).abs() < 1e-12, "{}", nll[1]);
 }
+
+#[test]
+fn mixed_dtypes_are_refused_naming_both() {
+    let x = relation_inputs([1, 5, 2, 8], 3, 1.0, DType::F32);
+    let half = uniform([1, 5, 2, 8], 4, 1.0, &cpu(), DType::F16);
+    let err = naive_parallel_relation(
+        x.p1.clone(),
+        half.clone(),
+        x.info.clone(),
+        x.lambda.clone(),
+        DEFAULT_TAU,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        RelationError::DTypeMismatch {
+            name: "p2",
+            reference: "p1",
+            expected: "F32".into(),
+            got: "F16".into(),
+        }
+    );
+    let err = naive_parallel_relation(x.p1, x.p2, half.clone(), x.lambda, DEFAULT_TAU).unwrap_err();
+    assert!(
+        matches!(err, RelationError::DTypeMismatch { name: "info", .. }),
+        "{err}"
+    );
+    let gate = uniform([3, 8], 5, 1.0, &cpu(), DType::F32);
+    let up = uniform([3, 8], 6, 1.0, &cpu(), DType::F16);
+    let err = relation_core::naive_swiglu(gate, up).unwrap_err();
+    assert!(
+        matches!(err, RelationError::DTypeMismatch { name: "up", .. }),
+        "{err}"
+    );
+}

@@ -32,6 +32,7 @@ pub fn self_relation(
     let dims = check::bthd("p1", &p1)?;
     check::same_bthd("p2", &p2, "p1", &dims)?;
     check::same_device("p2", &p2, &p1)?;
+    check::same_dtype("p2", &p2, "p1", &p1)?;
     check::tau(tau)?;
     if !strategy.use_fused("self_relation", &p1.device())? {
         return Ok(naive_self_relation(p1, p2, tau)?);
