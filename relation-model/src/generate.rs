@@ -140,8 +140,8 @@ impl RelationLm {
 
     /// The decoding loop: `on_token(prompt index, token)` for every token drawn, in order;
     /// a row ends at a stop token (not passed on), at `max_new_tokens`, or when `on_token`
-    /// returns `false`. The sampler draws one number per live row and step in batch order, so
-    /// the tokens do not depend on how the rows are consumed.
+    /// returns `false`. The sampler draws for every row of the batch at every step (finished
+    /// rows too, their tokens dropped), so a row's tokens do not depend on when others end.
     fn generate_each(
         &self,
         prompts: &[Vec<u32>],

@@ -254,15 +254,12 @@ pub struct TrainArgs {
     pub sample_tokens: Option<usize>,
 }
 
-/// Copies each given flag into its config field; evaluates to the names of the flags given.
+/// Copies each given flag into its config field (the flag names document the mapping).
 macro_rules! set {
     ($($flag:literal: $src:expr => $dst:expr),* $(,)?) => {{
-        let mut given: Vec<&'static str> = Vec::new();
         $(if let Some(v) = $src.clone() {
-            given.push($flag);
             $dst = v.into();
         })*
-        given
     }};
 }
 

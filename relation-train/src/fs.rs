@@ -7,7 +7,7 @@
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::io;
 use crate::{Result, TrainError};
@@ -81,7 +81,6 @@ pub const LOCK_FILE: &str = "lock";
 #[derive(Debug)]
 pub struct RunLock {
     _file: File,
-    path: PathBuf,
 }
 
 impl RunLock {
@@ -134,11 +133,6 @@ impl RunLock {
         file.set_len(0).map_err(io(&path))?;
         file.rewind().map_err(io(&path))?;
         file.write_all(note.as_bytes()).map_err(io(&path))?;
-        Ok(Self { _file: file, path })
-    }
-
-    /// The lock file.
-    pub fn path(&self) -> &Path {
-        &self.path
+        Ok(Self { _file: file })
     }
 }
