@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example flash_relation_bench -- \
-//!     [--device flex|wgpu|vulkan|cuda] --seqs 256,512,1024,2048,4096 --batch 4 --heads 8 \
+//!     [--device flex|wgpu|vulkan|cuda|cpu] --seqs 256,512,1024,2048,4096 --batch 4 --heads 8 \
 //!     --head-dim 48 --iters 5 [--dtype f16] [--out table.md]
 //! ```
 //! (`--device wgpu` needs `--features wgpu`; the default is Flex, the CPU.)
@@ -93,7 +93,7 @@ fn parse() -> Result<Args, String> {
             "--out" => args.out = Some(value()?),
             "--help" | "-h" => {
                 return Err(
-                    "flags: --device flex|wgpu|vulkan|cuda --seqs 256,512 --batch 1 --heads 8 \
+                    "flags: --device flex|wgpu|vulkan|cuda|cpu --seqs 256,512 --batch 1 --heads 8 \
                             --head-dim 64 --iters 5 --dtype f32|f16|bf16 --max-materialized 8192 \
                             --max-attention T --out FILE"
                         .into(),

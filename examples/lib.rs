@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
 
-/// The device called `name` (`flex`, `wgpu`, `vulkan`, `cuda`), if compiled into this build.
+/// The device called `name` (`flex`, `wgpu`, `vulkan`, `cuda`, `cpu` = CubeCL's CPU runtime), if
+/// compiled into this build.
 pub fn device_by_name(name: &str) -> Result<Device, String> {
     match name {
         "flex" => Ok(Device::flex()),
@@ -15,6 +16,8 @@ pub fn device_by_name(name: &str) -> Result<Device, String> {
         "vulkan" => Ok(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
         #[cfg(feature = "cuda")]
         "cuda" => Ok(Device::cuda(0)),
+        #[cfg(feature = "cpu")]
+        "cpu" => Ok(Device::cpu()),
         other => Err(format!(
             "device `{other}` is not compiled into this build (see the README's backend table)"
         )),

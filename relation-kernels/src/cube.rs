@@ -47,6 +47,27 @@ impl Tiling {
     }
 }
 
+/// Units per cube and state columns (or rows) per unit of the column-per-unit kernels
+/// (Linear Relation, recurrent and chunked) for head dim `head_dim`: `(units, lanes)` with
+/// `units * lanes >= head_dim`; `units` is `head_dim` rounded up to a multiple of `round` when the
+/// device allows that many (`round = 1`: exactly `head_dim`).
+///
+/// A GPU runs one unit per column (`lanes = 1`: the column lives in registers). CubeCL's CPU
+/// runtime runs every unit of a cube as its own OS thread and meets at `sync_cube` with a spin
+/// barrier, reporting as many units per cube as it has cores; `D` spinning threads on fewer
+/// cores make every barrier wait for the scheduler, so there a cube has one unit per core and
+/// each unit owns `lanes = ceil(D / units)` columns `c = u + m * units`.
+pub(crate) fn column_units(client: &Client, head_dim: usize, round: usize) -> (usize, usize) {
+    let max = client.properties().hardware.max_units_per_cube as usize;
+    let rounded = head_dim.next_multiple_of(round);
+    let units = if rounded <= max {
+        rounded
+    } else {
+        head_dim.min(max).max(1)
+    };
+    (units, head_dim.div_ceil(units))
+}
+
 fn prev_power_of_two(x: usize) -> usize {
     if x == 0 {
         0

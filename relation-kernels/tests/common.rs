@@ -26,12 +26,49 @@ pub fn wgpu() -> Device {
     device
 }
 
-/// Every device with fused kernels in this build: Flex, then wgpu when compiled in.
-pub fn devices() -> Vec<Device> {
+/// CubeCL's CPU runtime (LLVM JIT; `--features cpu`, LLVM from `scripts/llvm-sdk.sh`): the same
+/// CubeCL kernels as on wgpu, compiled for this machine's CPU.
+#[cfg(feature = "cpu")]
+pub fn cube_cpu() -> Device {
+    let device = Device::cpu();
+    assert!(
+        relation_kernels::is_cube(&device),
+        "Device::cpu must be a CubeCL device"
+    );
+    device
+}
+
+/// The first CUDA GPU (`--features cuda`; kernels lowered to PTX through LLVM, so only the
+/// NVIDIA driver is needed at run time). Panics — fails the test — when there is none.
+#[cfg(feature = "cuda")]
+pub fn cuda() -> Device {
+    let device = Device::cuda(0);
+    assert!(
+        relation_kernels::is_cube(&device),
+        "Device::cuda must be a CubeCL device"
+    );
+    device
+}
+
+/// The CubeCL devices of this build: wgpu, the CubeCL CPU runtime, CUDA, when compiled in.
+#[allow(dead_code)] // used only by the CubeCL-only tests
+pub fn cube_devices() -> Vec<Device> {
     #[allow(unused_mut)]
-    let mut all = vec![flex()];
+    let mut all = Vec::new();
     #[cfg(feature = "wgpu")]
     all.push(wgpu());
+    #[cfg(feature = "cpu")]
+    all.push(cube_cpu());
+    #[cfg(feature = "cuda")]
+    all.push(cuda());
+    all
+}
+
+/// Every device with fused kernels in this build: Flex, then the CubeCL runtimes compiled in
+/// (wgpu, the CubeCL CPU runtime).
+pub fn devices() -> Vec<Device> {
+    let mut all = vec![flex()];
+    all.extend(cube_devices());
     all
 }
 
@@ -41,8 +78,9 @@ pub fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
 }
 
 /// One test per device with kernels: `device_tests! { fn name(device) { … } }` makes the module
-/// `name` with the tests `name::flex` and (with the `wgpu` feature) `name::wgpu`, each running
-/// the body with `device` bound to that device.
+/// `name` with the tests `name::flex`, `name::wgpu` (with the `wgpu` feature), `name::cube_cpu`
+/// (with the `cpu` feature) and `name::cuda` (with the `cuda` feature), each running the body with
+/// `device` bound to that device. Pick one device with cargo's name filter, e.g. `-- ::cube_cpu`.
 macro_rules! device_tests {
     ($(fn $name:ident($device:ident) $body:block)*) => {
         $(
@@ -61,6 +99,18 @@ macro_rules! device_tests {
                 #[test]
                 fn wgpu() {
                     body(crate::common::wgpu())
+                }
+
+                #[cfg(feature = "cpu")]
+                #[test]
+                fn cube_cpu() {
+                    body(crate::common::cube_cpu())
+                }
+
+                #[cfg(feature = "cuda")]
+                #[test]
+                fn cuda() {
+                    body(crate::common::cuda())
                 }
             }
         )*

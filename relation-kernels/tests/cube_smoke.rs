@@ -1,16 +1,22 @@
-//! CI smoke test: a CubeCL kernel launched through Burn on `Device::wgpu`, checked for its
-//! numbers and gradients. Fails (never skips) when no wgpu adapter exists.
+//! CI smoke test: a CubeCL kernel launched through Burn on every CubeCL device of the build
+//! (`Device::wgpu`, `Device::cpu`), checked for its numbers and gradients. Fails (never skips)
+//! when no wgpu adapter exists.
 
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, naive_self_relation};
 use relation_kernels::{Strategy, launches, self_relation};
 
-use crate::common::wgpu;
+use crate::common::cube_devices;
 
 #[test]
 fn self_relation_kernel_matches_reference() {
-    let device = wgpu();
+    for device in cube_devices() {
+        matches_reference_on(device);
+    }
+}
+
+fn matches_reference_on(device: Device) {
     let flex = Device::flex();
     for (dims, seed) in [([2, 37, 4, 60], 1), ([1, 1, 8, 48], 3), ([3, 5, 2, 80], 5)] {
         // A non-contiguous p1 ([B, H, T, D] swapped) exercises the kernel's contiguity handling.
@@ -27,7 +33,7 @@ fn self_relation_kernel_matches_reference() {
         let expected =
             naive_self_relation(p1.to_device(&flex), p2.to_device(&flex), DEFAULT_TAU).unwrap();
         assert_close(
-            &format!("self_relation {dims:?}"),
+            &format!("self_relation {dims:?} on {device:?}"),
             &Tensor::<3>::from_data(values, &flex),
             &expected,
             tolerance(DType::F32, Check::Forward),
@@ -37,7 +43,12 @@ fn self_relation_kernel_matches_reference() {
 
 #[test]
 fn self_relation_kernel_gradients_match_reference() {
-    let device = wgpu().autodiff();
+    for device in cube_devices() {
+        gradients_match_on(device.autodiff());
+    }
+}
+
+fn gradients_match_on(device: Device) {
     let tol = tolerance(DType::F32, Check::Gradient);
     let p1 = uniform([2, 9, 2, 48], 7, 1.5, &device, DType::F32).require_grad();
     let p2 = uniform([2, 9, 2, 48], 8, 1.5, &device, DType::F32).require_grad();

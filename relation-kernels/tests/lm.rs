@@ -225,10 +225,16 @@ fn lm_ops_refuse_bad_inputs() {
 }
 
 /// On CubeCL devices the reference runs (Burn's fusion compiles it); `Fused` names Flex.
-#[cfg(feature = "wgpu")]
+#[cfg(any(feature = "wgpu", feature = "cpu", feature = "cuda"))]
 #[test]
 fn lm_ops_use_the_reference_on_cubecl() {
-    let device = crate::common::wgpu();
+    for device in crate::common::cube_devices() {
+        lm_ops_use_the_reference_on(device);
+    }
+}
+
+#[cfg(any(feature = "wgpu", feature = "cpu", feature = "cuda"))]
+fn lm_ops_use_the_reference_on(device: Device) {
     let (n, v) = (9, 50);
     let x = data([n, v], 3, 2.0, DType::F32);
     let ids = TensorData::new(targets(n, v, 4), [n]);
@@ -243,7 +249,7 @@ fn lm_ops_use_the_reference_on_cubecl() {
     )
     .unwrap();
     assert_close(
-        "cross_entropy on wgpu",
+        &format!("cross_entropy on {device:?}"),
         &to_flex(got),
         &want,
         tolerance(DType::F32, Check::Forward),

@@ -1,19 +1,37 @@
 #!/usr/bin/env bash
-# Build, here, what a lent GPU machine runs (it has no Rust toolchain and no network):
-# the kernel test binary, both benchmarks and the `relation` trainer, with the `vulkan` feature (SPIR-V on a real GPU;
-# the `cuda` runtime needs an LLVM bundle that cannot be downloaded here). Binaries are stripped
-# and xz-compressed into .gpu/ (git-ignored), with the Vulkan loader packages in .gl/.
+# Build, here, what a lent GPU machine runs (it has no Rust toolchain and no network): the kernel
+# test binary, both benchmarks and the `relation` trainer, stripped and xz-compressed into .gpu/
+# (git-ignored), with the Vulkan loader packages in .gl/.
+#
+#   scripts/gpu/build.sh          # `vulkan` (SPIR-V through wgpu; any GPU with a Vulkan driver)
+#   scripts/gpu/build.sh --cuda   # `vulkan,cuda,rocm`: the same binaries also run the kernels on
+#                                 # CUDA (PTX through LLVM; needs only the NVIDIA driver there).
+#                                 # Installs the LLVM SDK with the NVPTX and AMDGPU backends first
+#                                 # (scripts/llvm-sdk.sh). `rocm` rides along to prove that it
+#                                 # compiles and links (HIP is loaded at run time); it is not run.
+#
 # Then, with the device tool: carry [".gpu", ".gl"], command `bash scripts/gpu/run.sh`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
-mkdir -p .gpu
+features=vulkan
+if [ "${1:-}" = "--cuda" ]; then
+  features=vulkan,cuda,rocm
+  # An LLVM with the NVPTX and AMDGPU backends, in a data home of its own, and a target folder of its own:
+  # the bundler's build script notices neither a changed XDG_DATA_HOME nor a changed SDK behind
+  # an unchanged sentinel, so the X86-only SDK of the CPU-runtime tests must not share either.
+  export XDG_DATA_HOME="$HOME/.local/share/relation-llvm-cuda"
+  export CARGO_TARGET_DIR="$CARGO_TARGET_DIR-cuda"
+  scripts/llvm-sdk.sh --targets nvptx,amdgpu --data-home "$XDG_DATA_HOME"
+fi
+rm -rf .gpu && mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+echo "$features" > .gpu/features
 
 # One cargo invocation for everything, so features unify once (building the tests and the
 # examples separately compiles Burn twice). `cargo test --no-run` also builds the examples, and
 # the `relation` binary (relation-train's tests run it).
-cargo test --release --workspace --features vulkan --no-run --message-format=json 2>/dev/null \
+cargo test --release --workspace --features "$features" --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
 want={"kernels","flash_relation_bench","linear_relation_bench","relation"}
 for l in sys.stdin:

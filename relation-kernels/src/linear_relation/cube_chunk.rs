@@ -55,6 +55,12 @@
 //! the `S x S` score block (pairs spread over units) and adding `A v` into per-unit
 //! accumulators. No plane operations, no atomics: deterministic.
 //!
+//! Units: the tables say `D` units, one per column or channel. Where a cube cannot have that
+//! many (CubeCL's CPU runtime: one thread per unit, as many as cores; see
+//! [`crate::cube::column_units`]), unit `u` owns the `lanes` columns (channels) `u + m * units`,
+//! one after another, with the same arithmetic per column; on a GPU `lanes = 1` and the lane loop
+//! is unrolled away.
+//!
 //! Loops: `chunk_states` walks all of `T`, so its loops over `D` are unrolled (`head_dim` is
 //! comptime) and only `O(T)` runtime iterations remain (about `3 T` per unit: Mesa's lavapipe
 //! silently stops a shader after 65,535 loop iterations, so on lavapipe it is good up to
@@ -116,7 +122,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::{client::Client, prelude::*};
 
-use crate::cube::{empty_like, empty_like_dtype};
+use crate::cube::{column_units, empty_like, empty_like_dtype};
 use crate::launches;
 
 /// Largest sub-tile edge of `chunk_output`.
@@ -137,6 +143,7 @@ fn chunk_states_kernel<F: Float>(
     chunk: u32,
     #[comptime] head_dim: usize,
     #[comptime] sub: usize,
+    #[comptime] lanes: usize,
     #[comptime] write_final: bool,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -152,12 +159,24 @@ fn chunk_states_kernel<F: Float>(
     let n_chunks = seq.div_ceil(chunk);
     let states_base = bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
     let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
 
-    let mut st = Array::<f32>::new(head_dim); // C[:, u]
-    #[unroll]
-    for kk in 0..head_dim {
-        st[kk] = f32::cast_from(h0[bh * head_dim * head_dim + kk * head_dim + u]);
+    // C[:, c] of this unit's m-th column c = u + m * units at m * D.
+    let mut st = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        #[unroll]
+        for kk in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if c < head_dim {
+                x = f32::cast_from(h0[bh * head_dim * head_dim + kk * head_dim + c]);
+            }
+            st[m * head_dim + kk] = x;
+        }
     }
+    let mut total = Array::<f32>::new(lanes); // b_last of channel c
+    let mut running = Array::<f32>::new(lanes); // b_j of channel c
     let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
     let mut kd = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // k_j ⊙ e^{b_last - b_j}
 
@@ -167,42 +186,66 @@ fn chunk_states_kernel<F: Float>(
         if end > seq {
             end = seq;
         }
-        // The chunk-start state C^(n), column u.
-        #[unroll]
-        for kk in 0..head_dim {
-            states[states_base + (n * head_dim + kk) * head_dim + u] = st[kk];
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            let c = u + m * units;
+            let mut sum = f32::new(0.0);
+            if c < head_dim {
+                // The chunk-start state C^(n), column c.
+                #[unroll]
+                for kk in 0..head_dim {
+                    states[states_base + (n * head_dim + kk) * head_dim + c] =
+                        st[m * head_dim + kk];
+                }
+                // b_last for channel c.
+                for t in c0..end {
+                    sum += f32::cast_from(g[base + t * row_stride + c]);
+                }
+                decay[c] = sum.exp();
+            }
+            total[m] = sum;
+            running[m] = f32::new(0.0);
         }
-        // b_last for channel u.
-        let mut total = f32::new(0.0);
-        for t in c0..end {
-            total += f32::cast_from(g[base + t * row_stride + u]);
-        }
-        decay[u] = total.exp();
         sync_cube();
-        #[unroll]
-        for kk in 0..head_dim {
-            st[kk] *= decay[kk];
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            #[unroll]
+            for kk in 0..head_dim {
+                st[m * head_dim + kk] *= decay[kk];
+            }
         }
-        let mut running = f32::new(0.0); // b_j for channel u
         for js in 0..(end - c0).div_ceil(sub) {
             let j0 = c0 + js * sub;
-            for jj in 0..sub {
-                let j = j0 + jj;
-                let mut x = f32::new(0.0);
-                if j < end {
-                    running += f32::cast_from(g[base + j * row_stride + u]);
-                    x = f32::cast_from(k[base + j * row_stride + u]) * (total - running).exp();
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                if c < head_dim {
+                    for jj in 0..sub {
+                        let j = j0 + jj;
+                        let mut x = f32::new(0.0);
+                        if j < end {
+                            running[m] += f32::cast_from(g[base + j * row_stride + c]);
+                            x = f32::cast_from(k[base + j * row_stride + c])
+                                * (total[m] - running[m]).exp();
+                        }
+                        kd[jj * head_dim + c] = x;
+                    }
                 }
-                kd[jj * head_dim + u] = x;
             }
             sync_cube();
-            for jj in 0..sub {
-                let j = j0 + jj;
-                if j < end {
-                    let vj = f32::cast_from(v[base + j * row_stride + u]);
-                    #[unroll]
-                    for kk in 0..head_dim {
-                        st[kk] += kd[jj * head_dim + kk] * vj;
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                if c < head_dim {
+                    for jj in 0..sub {
+                        let j = j0 + jj;
+                        if j < end {
+                            let vj = f32::cast_from(v[base + j * row_stride + c]);
+                            #[unroll]
+                            for kk in 0..head_dim {
+                                st[m * head_dim + kk] += kd[jj * head_dim + kk] * vj;
+                            }
+                        }
                     }
                 }
             }
@@ -210,17 +253,23 @@ fn chunk_states_kernel<F: Float>(
         }
     }
     if comptime!(write_final) {
-        #[unroll]
-        for kk in 0..head_dim {
-            out[out_base + (seq + kk) * head_dim + u] = F::cast_from(st[kk]);
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            let c = u + m * units;
+            if c < head_dim {
+                #[unroll]
+                for kk in 0..head_dim {
+                    out[out_base + (seq + kk) * head_dim + c] = F::cast_from(st[m * head_dim + kk]);
+                }
+            }
         }
     }
 }
 
 /// One chunk's outputs from its start state: inter-chunk plus strictly-lower intra-chunk terms.
 ///
-/// One cube per `(chunk, b, h)`; unit `u` owns output column `u` and channel `u` of the
-/// per-channel tiles.
+/// One cube per `(chunk, b, h)`; unit `u` owns the output columns `c = u + m * units` and the
+/// same channels of the per-channel tiles.
 #[cube(launch)]
 fn chunk_output_kernel<F: Float>(
     q: &Tensor<F>,
@@ -232,6 +281,7 @@ fn chunk_output_kernel<F: Float>(
     chunk: u32,
     #[comptime] head_dim: usize,
     #[comptime] sub: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -254,66 +304,92 @@ fn chunk_output_kernel<F: Float>(
         end = seq;
     }
 
-    let mut st = Array::<f32>::new(head_dim); // C^(n)[:, u]
-    for kk in 0..head_dim {
-        st[kk] = states[state_base + kk * head_dim + u];
+    // C^(n)[:, c] of this unit's m-th column at m * D.
+    let mut st = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        for kk in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if c < head_dim {
+                x = states[state_base + kk * head_dim + c];
+            }
+            st[m * head_dim + kk] = x;
+        }
     }
     let mut b_row = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // b_t, rows of R
     let mut qe = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // q_t ⊙ e^{b_t}
     let mut b_col = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // b_j, rows of J
     let mut scores = Shared::<[f32]>::new_slice(comptime!(sub * sub)); // A[t, j], R x J
-    let mut y = Array::<f32>::new(sub);
-    let mut vj = Array::<f32>::new(sub);
+    let mut y = Array::<f32>::new(comptime!(lanes * sub)); // column m of the rows of R at m * S
+    let mut vj = Array::<f32>::new(comptime!(lanes * sub)); // column m of v over J at m * S
+    let mut running_j = Array::<f32>::new(lanes); // b_j of channel c
 
     for rs in 0..(end - c0).div_ceil(sub) {
         let r0 = c0 + rs * sub;
-        // b_t and q_t ⊙ e^{b_t} for the rows of R, channel u.
-        let mut running = f32::new(0.0);
-        for t in c0..r0 {
-            running += f32::cast_from(g[base + t * row_stride + u]);
-        }
-        for tt in 0..sub {
-            let t = r0 + tt;
-            let mut bt = f32::new(0.0);
-            let mut x = f32::new(0.0);
-            if t < end {
-                running += f32::cast_from(g[base + t * row_stride + u]);
-                bt = running;
-                x = f32::cast_from(q[base + t * row_stride + u]) * running.exp();
+        // b_t and q_t ⊙ e^{b_t} for the rows of R, channel c.
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            let c = u + m * units;
+            if c < head_dim {
+                let mut running = f32::new(0.0);
+                for t in c0..r0 {
+                    running += f32::cast_from(g[base + t * row_stride + c]);
+                }
+                for tt in 0..sub {
+                    let t = r0 + tt;
+                    let mut bt = f32::new(0.0);
+                    let mut x = f32::new(0.0);
+                    if t < end {
+                        running += f32::cast_from(g[base + t * row_stride + c]);
+                        bt = running;
+                        x = f32::cast_from(q[base + t * row_stride + c]) * running.exp();
+                    }
+                    b_row[tt * head_dim + c] = bt;
+                    qe[tt * head_dim + c] = x;
+                }
             }
-            b_row[tt * head_dim + u] = bt;
-            qe[tt * head_dim + u] = x;
         }
         sync_cube();
 
-        // Own value and the inter-chunk term: v_t[u] + sum_k q_t[k] e^{b_t[k]} C^(n)[k, u].
-        for tt in 0..sub {
-            let t = r0 + tt;
-            let mut acc = f32::new(0.0);
-            if t < end {
-                acc = f32::cast_from(v[base + t * row_stride + u]);
-                for kk in 0..head_dim {
-                    acc += qe[tt * head_dim + kk] * st[kk];
+        // Own value and the inter-chunk term: v_t[c] + sum_k q_t[k] e^{b_t[k]} C^(n)[k, c].
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            let c = u + m * units;
+            for tt in 0..sub {
+                let t = r0 + tt;
+                let mut acc = f32::new(0.0);
+                if t < end && c < head_dim {
+                    acc = f32::cast_from(v[base + t * row_stride + c]);
+                    for kk in 0..head_dim {
+                        acc += qe[tt * head_dim + kk] * st[m * head_dim + kk];
+                    }
                 }
+                y[m * sub + tt] = acc;
             }
-            y[tt] = acc;
+            running_j[m] = f32::new(0.0);
         }
 
         // Intra-chunk: column sub-tiles J = c0 .. R (inclusive), strictly lower pairs only.
-        let mut running_j = f32::new(0.0);
         for js in 0..rs + 1 {
             let j0 = c0 + js * sub;
-            for jj in 0..sub {
-                let j = j0 + jj;
-                let mut bj = f32::new(0.0);
-                let mut vv = f32::new(0.0);
-                if j < end {
-                    running_j += f32::cast_from(g[base + j * row_stride + u]);
-                    bj = running_j;
-                    vv = f32::cast_from(v[base + j * row_stride + u]);
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                for jj in 0..sub {
+                    let j = j0 + jj;
+                    let mut bj = f32::new(0.0);
+                    let mut vv = f32::new(0.0);
+                    if j < end && c < head_dim {
+                        running_j[m] += f32::cast_from(g[base + j * row_stride + c]);
+                        bj = running_j[m];
+                        vv = f32::cast_from(v[base + j * row_stride + c]);
+                    }
+                    if c < head_dim {
+                        b_col[jj * head_dim + c] = bj;
+                    }
+                    vj[m * sub + jj] = vv;
                 }
-                b_col[jj * head_dim + u] = bj;
-                vj[jj] = vv;
             }
             sync_cube();
             let mut idx = u;
@@ -336,20 +412,27 @@ fn chunk_output_kernel<F: Float>(
                 idx += units;
             }
             sync_cube();
-            for tt in 0..sub {
-                let mut acc = y[tt];
-                for jj in 0..sub {
-                    acc += scores[tt * sub + jj] * vj[jj];
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                for tt in 0..sub {
+                    let mut acc = y[m * sub + tt];
+                    for jj in 0..sub {
+                        acc += scores[tt * sub + jj] * vj[m * sub + jj];
+                    }
+                    y[m * sub + tt] = acc;
                 }
-                y[tt] = acc;
             }
             sync_cube();
         }
 
-        for tt in 0..sub {
-            let t = r0 + tt;
-            if t < end {
-                out[out_base + t * head_dim + u] = F::cast_from(y[tt]);
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            let c = u + m * units;
+            for tt in 0..sub {
+                let t = r0 + tt;
+                if t < end && c < head_dim {
+                    out[out_base + t * head_dim + c] = F::cast_from(y[m * sub + tt]);
+                }
             }
         }
     }
@@ -398,12 +481,13 @@ pub(crate) fn forward(
     let client = q.client.clone();
     let dtype = dtype_to_storage_type(q.dtype);
     let sub = sub_tile(&client, d, chunk);
+    let (units, lanes) = column_units(&client, d, 1);
     let out = empty_like(&q, Shape::new([b, h, t + d, d]));
     let states = empty_like_dtype(&q, Shape::new([b, h, n_chunks, d, d]), DType::F32);
     chunk_states_kernel::launch(
         &client,
         CubeCount::Static((b * h) as u32, 1, 1),
-        CubeDim::new_1d(d as u32),
+        CubeDim::new_1d(units as u32),
         k.clone().into_tensor_arg(),
         v.clone().into_tensor_arg(),
         g.clone().into_tensor_arg(),
@@ -413,13 +497,14 @@ pub(crate) fn forward(
         chunk as u32,
         d,
         sub,
+        lanes,
         true,
         dtype,
     );
     chunk_output_kernel::launch(
         &client,
         CubeCount::Static(n_chunks as u32, (b * h) as u32, 1),
-        CubeDim::new_1d(d as u32),
+        CubeDim::new_1d(units as u32),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
@@ -429,6 +514,7 @@ pub(crate) fn forward(
         chunk as u32,
         d,
         sub,
+        lanes,
         dtype,
     );
     out
@@ -453,6 +539,7 @@ fn chunk_dstates_kernel<F: Float>(
     chunk: u32,
     #[comptime] head_dim: usize,
     #[comptime] sub: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -467,12 +554,23 @@ fn chunk_dstates_kernel<F: Float>(
     let n_chunks = seq.div_ceil(chunk);
     let states_base = bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
     let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
 
-    let mut grad = Array::<f32>::new(head_dim); // dC[:, u], from dC_T
-    #[unroll]
-    for kk in 0..head_dim {
-        grad[kk] = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + u]);
+    // dC[:, c] of this unit's m-th column c = u + m * units at m * D, from dC_T.
+    let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        #[unroll]
+        for kk in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if c < head_dim {
+                x = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + c]);
+            }
+            grad[m * head_dim + kk] = x;
+        }
     }
+    let mut running = Array::<f32>::new(lanes); // b_t of channel c
     let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
     let mut qe = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // q_t ⊙ e^{b_t}
 
@@ -483,59 +581,89 @@ fn chunk_dstates_kernel<F: Float>(
         if end > seq {
             end = seq;
         }
-        // Gradient of the chunk-end state C^(n+1), column u.
-        #[unroll]
-        for kk in 0..head_dim {
-            dstates[states_base + (n * head_dim + kk) * head_dim + u] = grad[kk];
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            let c = u + m * units;
+            if c < head_dim {
+                // Gradient of the chunk-end state C^(n+1), column c.
+                #[unroll]
+                for kk in 0..head_dim {
+                    dstates[states_base + (n * head_dim + kk) * head_dim + c] =
+                        grad[m * head_dim + kk];
+                }
+                // b_t for channel c, stored for the per-chunk kernels; b_last.
+                let mut sum = f32::new(0.0);
+                for t in c0..end {
+                    sum += f32::cast_from(g[base + t * row_stride + c]);
+                    bcum[base + t * row_stride + c] = sum;
+                }
+                decay[c] = sum.exp();
+            }
+            running[m] = f32::new(0.0);
         }
-        // b_t for channel u, stored for the per-chunk kernels; b_last.
-        let mut running = f32::new(0.0);
-        for t in c0..end {
-            running += f32::cast_from(g[base + t * row_stride + u]);
-            bcum[base + t * row_stride + u] = running;
-        }
-        decay[u] = running.exp();
         sync_cube();
-        #[unroll]
-        for kk in 0..head_dim {
-            grad[kk] *= decay[kk];
+        #[unroll(lanes == 1)]
+        for m in 0..lanes {
+            #[unroll]
+            for kk in 0..head_dim {
+                grad[m * head_dim + kk] *= decay[kk];
+            }
         }
-        // + sum_t (q_t ⊙ e^{b_t}) dy_t[u].
-        let mut running = f32::new(0.0);
+        // + sum_t (q_t ⊙ e^{b_t}) dy_t[c].
         for ts in 0..(end - c0).div_ceil(sub) {
             let t0 = c0 + ts * sub;
-            for tt in 0..sub {
-                let t = t0 + tt;
-                let mut x = f32::new(0.0);
-                if t < end {
-                    running += f32::cast_from(g[base + t * row_stride + u]);
-                    x = f32::cast_from(q[base + t * row_stride + u]) * running.exp();
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                if c < head_dim {
+                    for tt in 0..sub {
+                        let t = t0 + tt;
+                        let mut x = f32::new(0.0);
+                        if t < end {
+                            running[m] += f32::cast_from(g[base + t * row_stride + c]);
+                            x = f32::cast_from(q[base + t * row_stride + c]) * running[m].exp();
+                        }
+                        qe[tt * head_dim + c] = x;
+                    }
                 }
-                qe[tt * head_dim + u] = x;
             }
             sync_cube();
-            for tt in 0..sub {
-                let t = t0 + tt;
-                if t < end {
-                    let dy = f32::cast_from(d_out[out_base + t * head_dim + u]);
-                    #[unroll]
-                    for kk in 0..head_dim {
-                        grad[kk] += qe[tt * head_dim + kk] * dy;
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                if c < head_dim {
+                    for tt in 0..sub {
+                        let t = t0 + tt;
+                        if t < end {
+                            let dy = f32::cast_from(d_out[out_base + t * head_dim + c]);
+                            #[unroll]
+                            for kk in 0..head_dim {
+                                grad[m * head_dim + kk] += qe[tt * head_dim + kk] * dy;
+                            }
+                        }
                     }
                 }
             }
             sync_cube();
         }
     }
-    #[unroll]
-    for kk in 0..head_dim {
-        dh0[bh * head_dim * head_dim + kk * head_dim + u] = F::cast_from(grad[kk]);
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        if c < head_dim {
+            #[unroll]
+            for kk in 0..head_dim {
+                dh0[bh * head_dim * head_dim + kk * head_dim + c] =
+                    F::cast_from(grad[m * head_dim + kk]);
+            }
+        }
     }
 }
 
 /// Backward, one cube per `(chunk, b, h)`: `dq` and `dk` of the chunk's tokens, unit `u` owning
-/// channel `u` (every exponential is then per-unit), with the chunk's `dy_t · v_j` matrix in
-/// shared memory. Writes `dq` then `dk` into one `[2, B, T, H, D]` output (8 buffers at most).
+/// the channels `ch = u + m * units` (every exponential is then per-unit), with the chunk's
+/// `dy_t · v_j` matrix in shared memory. Writes `dq` then `dk` into one `[2, B, T, H, D]` output
+/// (8 buffers at most).
 #[cube(launch)]
 fn chunk_dqk_kernel<F: Float>(
     q: &Tensor<F>,
@@ -548,6 +676,7 @@ fn chunk_dqk_kernel<F: Float>(
     dqk: &mut Tensor<F>,
     chunk: u32,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -592,53 +721,58 @@ fn chunk_dqk_kernel<F: Float>(
     }
     sync_cube();
 
-    // Units past D (the cube is rounded up) only helped with the scores.
-    if u < head_dim {
-        let b_last = bcum[base + (end - 1) * row_stride + u];
-        for tt in 0..len {
-            let t = c0 + tt;
-            let bt = bcum[base + t * row_stride + u];
-            let at = base + t * row_stride + u;
-            // dq_t[u] = e^{b_t} (C^(n) dy_t)[u] + sum_{j<t} dA[t, j] k_j[u] e^{b_t - b_j}
-            let mut cdy = f32::new(0.0);
-            let dy_row = out_base + t * head_dim;
-            for c in 0..head_dim {
-                cdy += states[state_base + u * head_dim + c] * f32::cast_from(d_out[dy_row + c]);
-            }
-            let mut dq = cdy * bt.exp();
-            for jj in 0..len {
-                if jj < tt {
-                    let j = c0 + jj;
-                    let bj = bcum[base + j * row_stride + u];
-                    dq += da[tt * MAX_CHUNK + jj]
-                        * f32::cast_from(k[base + j * row_stride + u])
-                        * (bt - bj).exp();
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let ch = u + m * units;
+        // Units past D (the cube may be rounded up) only helped with the scores.
+        if ch < head_dim {
+            let b_last = bcum[base + (end - 1) * row_stride + ch];
+            for tt in 0..len {
+                let t = c0 + tt;
+                let bt = bcum[base + t * row_stride + ch];
+                let at = base + t * row_stride + ch;
+                // dq_t[ch] = e^{b_t} (C^(n) dy_t)[ch] + sum_{j<t} dA[t, j] k_j[ch] e^{b_t - b_j}
+                let mut cdy = f32::new(0.0);
+                let dy_row = out_base + t * head_dim;
+                for c in 0..head_dim {
+                    cdy +=
+                        states[state_base + ch * head_dim + c] * f32::cast_from(d_out[dy_row + c]);
                 }
-            }
-            dqk[at] = F::cast_from(dq);
-            // dk_t[u] = sum_{s>t} dA[s, t] q_s[u] e^{b_s - b_t} + e^{b_last - b_t} (G v_t)[u]
-            let mut gv = f32::new(0.0);
-            let v_row = base + t * row_stride;
-            for c in 0..head_dim {
-                gv += dstates[state_base + u * head_dim + c] * f32::cast_from(v[v_row + c]);
-            }
-            let mut dk = gv * (b_last - bt).exp();
-            for ss in 0..len {
-                if ss > tt {
-                    let s = c0 + ss;
-                    let bs = bcum[base + s * row_stride + u];
-                    dk += da[ss * MAX_CHUNK + tt]
-                        * f32::cast_from(q[base + s * row_stride + u])
-                        * (bs - bt).exp();
+                let mut dq = cdy * bt.exp();
+                for jj in 0..len {
+                    if jj < tt {
+                        let j = c0 + jj;
+                        let bj = bcum[base + j * row_stride + ch];
+                        dq += da[tt * MAX_CHUNK + jj]
+                            * f32::cast_from(k[base + j * row_stride + ch])
+                            * (bt - bj).exp();
+                    }
                 }
+                dqk[at] = F::cast_from(dq);
+                // dk_t[ch] = sum_{s>t} dA[s, t] q_s[ch] e^{b_s - b_t} + e^{b_last - b_t} (G v_t)[ch]
+                let mut gv = f32::new(0.0);
+                let v_row = base + t * row_stride;
+                for c in 0..head_dim {
+                    gv += dstates[state_base + ch * head_dim + c] * f32::cast_from(v[v_row + c]);
+                }
+                let mut dk = gv * (b_last - bt).exp();
+                for ss in 0..len {
+                    if ss > tt {
+                        let s = c0 + ss;
+                        let bs = bcum[base + s * row_stride + ch];
+                        dk += da[ss * MAX_CHUNK + tt]
+                            * f32::cast_from(q[base + s * row_stride + ch])
+                            * (bs - bt).exp();
+                    }
+                }
+                dqk[dk_offset + at] = F::cast_from(dk);
             }
-            dqk[dk_offset + at] = F::cast_from(dk);
         }
     }
 }
 
-/// Backward, one cube per `(chunk, b, h)`: `dv` of the chunk's tokens, unit `u` owning value
-/// column `u`, with the chunk's score matrix `A` in shared memory.
+/// Backward, one cube per `(chunk, b, h)`: `dv` of the chunk's tokens, unit `u` owning the
+/// value columns `c = u + m * units`, with the chunk's score matrix `A` in shared memory.
 #[cube(launch)]
 fn chunk_dv_kernel<F: Float>(
     q: &Tensor<F>,
@@ -649,6 +783,7 @@ fn chunk_dv_kernel<F: Float>(
     dv: &mut Tensor<F>,
     chunk: u32,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -692,26 +827,31 @@ fn chunk_dv_kernel<F: Float>(
     }
     sync_cube();
 
-    // Units past D (the cube is rounded up) only helped with the scores.
-    if u < head_dim {
-        let last_row = base + (end - 1) * row_stride;
-        for jj in 0..len {
-            let j = c0 + jj;
-            let j_row = base + j * row_stride;
-            // dv_j[u] = dy_j[u] + sum_{t>j} A[t, j] dy_t[u] + sum_k k_j[k] e^{b_last[k] - b_j[k]} G[k, u]
-            let mut acc = f32::cast_from(d_out[out_base + j * head_dim + u]);
-            for tt in 0..len {
-                if tt > jj {
-                    acc += scores[tt * MAX_CHUNK + jj]
-                        * f32::cast_from(d_out[out_base + (c0 + tt) * head_dim + u]);
+    let last_row = base + (end - 1) * row_stride;
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        // Units past D (the cube may be rounded up) only helped with the scores.
+        if c < head_dim {
+            for jj in 0..len {
+                let j = c0 + jj;
+                let j_row = base + j * row_stride;
+                // dv_j[c] = dy_j[c] + sum_{t>j} A[t, j] dy_t[c] + sum_k k_j[k] e^{b_last[k] - b_j[k]} G[k, c]
+                let mut acc = f32::cast_from(d_out[out_base + j * head_dim + c]);
+                for tt in 0..len {
+                    if tt > jj {
+                        acc += scores[tt * MAX_CHUNK + jj]
+                            * f32::cast_from(d_out[out_base + (c0 + tt) * head_dim + c]);
+                    }
                 }
+                for kk in 0..head_dim {
+                    let decay = (bcum[last_row + kk] - bcum[j_row + kk]).exp();
+                    acc += f32::cast_from(k[j_row + kk])
+                        * decay
+                        * dstates[state_base + kk * head_dim + c];
+                }
+                dv[j_row + c] = F::cast_from(acc);
             }
-            for kk in 0..head_dim {
-                let decay = (bcum[last_row + kk] - bcum[j_row + kk]).exp();
-                acc +=
-                    f32::cast_from(k[j_row + kk]) * decay * dstates[state_base + kk * head_dim + u];
-            }
-            dv[j_row + u] = F::cast_from(acc);
         }
     }
 }
@@ -750,11 +890,13 @@ pub(crate) fn backward(
     let sub = sub_tile(&client, d, chunk);
     let per_head = CubeCount::Static((b * h) as u32, 1, 1);
     let per_chunk = CubeCount::Static(n_chunks as u32, (b * h) as u32, 1);
-    let cube_dim = CubeDim::new_1d(d as u32);
-    // The per-chunk kernels run D units rounded up to a multiple of 32 (the extra units only
-    // share the score matrix): Mesa 22's lavapipe computed wrong values in the last, partial
-    // 8-lane group of a 60-unit cube here.
-    let cube_dim_chunk = CubeDim::new_1d(d.next_multiple_of(32) as u32);
+    let (units, lanes) = column_units(&client, d, 1);
+    let cube_dim = CubeDim::new_1d(units as u32);
+    // The per-chunk kernels run D units rounded up to a multiple of 32 where the device allows
+    // (the extra units only share the score matrix): Mesa 22's lavapipe computed wrong values
+    // in the last, partial 8-lane group of a 60-unit cube here.
+    let (chunk_units, chunk_lanes) = column_units(&client, d, 32);
+    let cube_dim_chunk = CubeDim::new_1d(chunk_units as u32);
 
     // The chunk-start states again (the forward does not keep them).
     let states = empty_like_dtype(&q, Shape::new([b, h, n_chunks, d, d]), DType::F32);
@@ -772,6 +914,7 @@ pub(crate) fn backward(
         chunk as u32,
         d,
         sub,
+        lanes,
         false,
         dtype,
     );
@@ -791,6 +934,7 @@ pub(crate) fn backward(
         chunk as u32,
         d,
         sub,
+        lanes,
         dtype,
     );
     let dqk = empty_like(&q, Shape::new([2, b, t, h, d]));
@@ -808,6 +952,7 @@ pub(crate) fn backward(
         dqk.clone().into_tensor_arg(),
         chunk as u32,
         d,
+        chunk_lanes,
         dtype,
     );
     let dv = empty_like(&q, dims);
@@ -823,6 +968,7 @@ pub(crate) fn backward(
         dv.clone().into_tensor_arg(),
         chunk as u32,
         d,
+        chunk_lanes,
         dtype,
     );
     (dqk, dv, dh0)

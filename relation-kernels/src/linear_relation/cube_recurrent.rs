@@ -11,7 +11,11 @@
 //! One cube per `(b, h)`, one unit per state column or row, tokens streamed through shared
 //! memory in tiles. The state never leaves registers; memory is `O(T D)` and time `O(T D^2)`
 //! with no `T x T` term. Each kernel owns either the columns or the rows of `C`, chosen so that
-//! every sum is local to a unit (no cross-unit reductions, no atomics: deterministic):
+//! every sum is local to a unit (no cross-unit reductions, no atomics: deterministic). Where a
+//! cube cannot have `D` units (CubeCL's CPU runtime: one thread per unit, as many as cores; see
+//! [`crate::cube::column_units`]), unit `u` owns the `lanes` columns (rows) `u + m * units`, one
+//! after another, with the same arithmetic per column; on a GPU `lanes = 1` and the lane loop is
+//! unrolled away.
 //!
 //! | kernel | owns | time | computes |
 //! |---|---|---|---|
@@ -36,13 +40,13 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use crate::cube::{empty_like, load_rows};
+use crate::cube::{column_units, empty_like, load_rows};
 use crate::launches;
 
 /// Tokens per shared-memory tile.
 const TOKENS: usize = 16;
 
-/// Forward: one unit per state column `c`.
+/// Forward: unit `u` owns the state columns `c = u + m · units`, `m < lanes`.
 #[cube(launch)]
 fn linear_relation_fwd_kernel<F: Float>(
     q: &Tensor<F>,
@@ -52,6 +56,7 @@ fn linear_relation_fwd_kernel<F: Float>(
     h0: &Tensor<F>,
     out: &mut Tensor<F>,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -63,12 +68,22 @@ fn linear_relation_fwd_kernel<F: Float>(
     let base = batch * seq * row_stride + head * head_dim;
     let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
     let h0_base = bh * head_dim * head_dim; // [B, H, D, D]
-    let c = UNIT_POS_X as usize;
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
 
-    let mut state = Array::<f32>::new(head_dim); // C[:, c]
-    #[unroll]
-    for kk in 0..head_dim {
-        state[kk] = f32::cast_from(h0[h0_base + kk * head_dim + c]);
+    // C[:, c] of this unit's m-th column at m * D.
+    let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        #[unroll]
+        for kk in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if c < head_dim {
+                x = f32::cast_from(h0[h0_base + kk * head_dim + c]);
+            }
+            state[m * head_dim + kk] = x;
+        }
     }
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
@@ -132,28 +147,42 @@ fn linear_relation_fwd_kernel<F: Float>(
         }
         for tt in 0..n {
             let row = tt * head_dim;
-            let mut read = f32::new(0.0);
-            #[unroll]
-            for kk in 0..head_dim {
-                state[kk] *= a_tile[row + kk]; // retain
-                read += q_tile[row + kk] * state[kk]; // ask others, before the write
-            }
-            let vc = v_tile[row + c];
-            out[out_base + (t0 + tt) * head_dim + c] = F::cast_from(vc + read);
-            #[unroll]
-            for kk in 0..head_dim {
-                state[kk] += k_tile[row + kk] * vc; // become others
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                if c < head_dim {
+                    let s = m * head_dim;
+                    let mut read = f32::new(0.0);
+                    #[unroll]
+                    for kk in 0..head_dim {
+                        state[s + kk] *= a_tile[row + kk]; // retain
+                        read += q_tile[row + kk] * state[s + kk]; // ask others, before the write
+                    }
+                    let vc = v_tile[row + c];
+                    out[out_base + (t0 + tt) * head_dim + c] = F::cast_from(vc + read);
+                    #[unroll]
+                    for kk in 0..head_dim {
+                        state[s + kk] += k_tile[row + kk] * vc; // become others
+                    }
+                }
             }
         }
         sync_cube();
     }
-    #[unroll]
-    for kk in 0..head_dim {
-        out[out_base + (seq + kk) * head_dim + c] = F::cast_from(state[kk]);
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        if c < head_dim {
+            #[unroll]
+            for kk in 0..head_dim {
+                out[out_base + (seq + kk) * head_dim + c] = F::cast_from(state[m * head_dim + kk]);
+            }
+        }
     }
 }
 
-/// `dq`: one unit per state row `k`, forward time, recomputing `C` from `C_0`.
+/// `dq`: unit `u` owns the state rows `r = u + m · units`, forward time, recomputing `C` from
+/// `C_0`.
 #[cube(launch)]
 fn linear_relation_dq_kernel<F: Float>(
     k: &Tensor<F>,
@@ -163,6 +192,7 @@ fn linear_relation_dq_kernel<F: Float>(
     d_out: &Tensor<F>,
     dq: &mut Tensor<F>,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = k.shape(1);
@@ -173,12 +203,22 @@ fn linear_relation_dq_kernel<F: Float>(
     let row_stride = heads * head_dim;
     let base = batch * seq * row_stride + head * head_dim;
     let out_base = bh * (seq + head_dim) * head_dim;
-    let r = UNIT_POS_X as usize;
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
 
-    let mut state = Array::<f32>::new(head_dim); // C[r, :]
-    #[unroll]
-    for cc in 0..head_dim {
-        state[cc] = f32::cast_from(h0[bh * head_dim * head_dim + r * head_dim + cc]);
+    // C[r, :] of this unit's m-th row at m * D.
+    let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let r = u + m * units;
+        #[unroll]
+        for cc in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if r < head_dim {
+                x = f32::cast_from(h0[bh * head_dim * head_dim + r * head_dim + cc]);
+            }
+            state[m * head_dim + cc] = x;
+        }
     }
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
@@ -216,26 +256,33 @@ fn linear_relation_dq_kernel<F: Float>(
         }
         for tt in 0..n {
             let t = t0 + tt;
-            let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
-            let kr = f32::cast_from(k[base + t * row_stride + r]);
             let row = tt * head_dim;
-            let mut acc = f32::new(0.0);
-            #[unroll]
-            for cc in 0..head_dim {
-                state[cc] *= alpha;
-                acc += state[cc] * dy_tile[row + cc];
-            }
-            dq[base + t * row_stride + r] = F::cast_from(acc);
-            #[unroll]
-            for cc in 0..head_dim {
-                state[cc] += kr * v_tile[row + cc];
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let r = u + m * units;
+                if r < head_dim {
+                    let s = m * head_dim;
+                    let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
+                    let kr = f32::cast_from(k[base + t * row_stride + r]);
+                    let mut acc = f32::new(0.0);
+                    #[unroll]
+                    for cc in 0..head_dim {
+                        state[s + cc] *= alpha;
+                        acc += state[s + cc] * dy_tile[row + cc];
+                    }
+                    dq[base + t * row_stride + r] = F::cast_from(acc);
+                    #[unroll]
+                    for cc in 0..head_dim {
+                        state[s + cc] += kr * v_tile[row + cc];
+                    }
+                }
             }
         }
         sync_cube();
     }
 }
 
-/// `dk` and `dC_0`: one unit per state row `k`, reverse time.
+/// `dk` and `dC_0`: unit `u` owns the state rows `r = u + m · units`, reverse time.
 #[cube(launch)]
 fn linear_relation_dk_kernel<F: Float>(
     q: &Tensor<F>,
@@ -245,6 +292,7 @@ fn linear_relation_dk_kernel<F: Float>(
     dk: &mut Tensor<F>,
     dh0: &mut Tensor<F>,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -255,12 +303,22 @@ fn linear_relation_dk_kernel<F: Float>(
     let row_stride = heads * head_dim;
     let base = batch * seq * row_stride + head * head_dim;
     let out_base = bh * (seq + head_dim) * head_dim;
-    let r = UNIT_POS_X as usize;
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
 
-    let mut grad = Array::<f32>::new(head_dim); // dC[r, :], from dC_T
-    #[unroll]
-    for cc in 0..head_dim {
-        grad[cc] = f32::cast_from(d_out[out_base + (seq + r) * head_dim + cc]);
+    // dC[r, :] of this unit's m-th row at m * D, from dC_T.
+    let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let r = u + m * units;
+        #[unroll]
+        for cc in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if r < head_dim {
+                x = f32::cast_from(d_out[out_base + (seq + r) * head_dim + cc]);
+            }
+            grad[m * head_dim + cc] = x;
+        }
     }
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
@@ -301,28 +359,42 @@ fn linear_relation_dk_kernel<F: Float>(
             let tt = n - 1 - back;
             let t = t0 + tt;
             let row = tt * head_dim;
-            let mut acc = f32::new(0.0);
-            #[unroll]
-            for cc in 0..head_dim {
-                acc += grad[cc] * v_tile[row + cc]; // dk_t = dC_t v_t
-            }
-            dk[base + t * row_stride + r] = F::cast_from(acc);
-            let qr = f32::cast_from(q[base + t * row_stride + r]);
-            let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
-            #[unroll]
-            for cc in 0..head_dim {
-                grad[cc] = alpha * (grad[cc] + qr * dy_tile[row + cc]); // dC_{t-1}
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let r = u + m * units;
+                if r < head_dim {
+                    let s = m * head_dim;
+                    let mut acc = f32::new(0.0);
+                    #[unroll]
+                    for cc in 0..head_dim {
+                        acc += grad[s + cc] * v_tile[row + cc]; // dk_t = dC_t v_t
+                    }
+                    dk[base + t * row_stride + r] = F::cast_from(acc);
+                    let qr = f32::cast_from(q[base + t * row_stride + r]);
+                    let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
+                    #[unroll]
+                    for cc in 0..head_dim {
+                        grad[s + cc] = alpha * (grad[s + cc] + qr * dy_tile[row + cc]); // dC_{t-1}
+                    }
+                }
             }
         }
         sync_cube();
     }
-    #[unroll]
-    for cc in 0..head_dim {
-        dh0[bh * head_dim * head_dim + r * head_dim + cc] = F::cast_from(grad[cc]);
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let r = u + m * units;
+        if r < head_dim {
+            #[unroll]
+            for cc in 0..head_dim {
+                dh0[bh * head_dim * head_dim + r * head_dim + cc] =
+                    F::cast_from(grad[m * head_dim + cc]);
+            }
+        }
     }
 }
 
-/// `dv`: one unit per state column `c`, reverse time.
+/// `dv`: unit `u` owns the state columns `c = u + m · units`, reverse time.
 #[cube(launch)]
 fn linear_relation_dv_kernel<F: Float>(
     q: &Tensor<F>,
@@ -331,6 +403,7 @@ fn linear_relation_dv_kernel<F: Float>(
     d_out: &Tensor<F>,
     dv: &mut Tensor<F>,
     #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
     let seq = q.shape(1);
@@ -341,12 +414,22 @@ fn linear_relation_dv_kernel<F: Float>(
     let row_stride = heads * head_dim;
     let base = batch * seq * row_stride + head * head_dim;
     let out_base = bh * (seq + head_dim) * head_dim;
-    let c = UNIT_POS_X as usize;
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
 
-    let mut grad = Array::<f32>::new(head_dim); // dC[:, c]
-    #[unroll]
-    for kk in 0..head_dim {
-        grad[kk] = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + c]);
+    // dC[:, c] of this unit's m-th column at m * D.
+    let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        #[unroll]
+        for kk in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if c < head_dim {
+                x = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + c]);
+            }
+            grad[m * head_dim + kk] = x;
+        }
     }
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
@@ -399,16 +482,23 @@ fn linear_relation_dv_kernel<F: Float>(
             let tt = n - 1 - back;
             let t = t0 + tt;
             let row = tt * head_dim;
-            let dy = f32::cast_from(d_out[out_base + t * head_dim + c]);
-            let mut acc = dy;
-            #[unroll]
-            for kk in 0..head_dim {
-                acc += grad[kk] * k_tile[row + kk]; // dv_t = dy_t + dC_t^T k_t
-            }
-            dv[base + t * row_stride + c] = F::cast_from(acc);
-            #[unroll]
-            for kk in 0..head_dim {
-                grad[kk] = a_tile[row + kk] * (grad[kk] + q_tile[row + kk] * dy);
+            #[unroll(lanes == 1)]
+            for m in 0..lanes {
+                let c = u + m * units;
+                if c < head_dim {
+                    let s = m * head_dim;
+                    let dy = f32::cast_from(d_out[out_base + t * head_dim + c]);
+                    let mut acc = dy;
+                    #[unroll]
+                    for kk in 0..head_dim {
+                        acc += grad[s + kk] * k_tile[row + kk]; // dv_t = dy_t + dC_t^T k_t
+                    }
+                    dv[base + t * row_stride + c] = F::cast_from(acc);
+                    #[unroll]
+                    for kk in 0..head_dim {
+                        grad[s + kk] = a_tile[row + kk] * (grad[s + kk] + q_tile[row + kk] * dy);
+                    }
+                }
             }
         }
         sync_cube();
@@ -440,10 +530,11 @@ pub(crate) fn forward(
     let out = empty_like(&q, Shape::new([b, h, t + d, d]));
     let client = q.client.clone();
     let dtype = dtype_to_storage_type(q.dtype);
+    let (units, lanes) = column_units(&client, d, 1);
     linear_relation_fwd_kernel::launch(
         &client,
         CubeCount::Static((b * h) as u32, 1, 1),
-        CubeDim::new_1d(d as u32),
+        CubeDim::new_1d(units as u32),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
@@ -451,6 +542,7 @@ pub(crate) fn forward(
         h0.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         d,
+        lanes,
         dtype,
     );
     out
@@ -480,7 +572,8 @@ pub(crate) fn backward(
     let client = q.client.clone();
     let dtype = dtype_to_storage_type(q.dtype);
     let count = CubeCount::Static((b * h) as u32, 1, 1);
-    let cube_dim = CubeDim::new_1d(d as u32);
+    let (units, lanes) = column_units(&client, d, 1);
+    let cube_dim = CubeDim::new_1d(units as u32);
 
     let dq = empty_like(&q, dims.clone());
     linear_relation_dq_kernel::launch(
@@ -494,6 +587,7 @@ pub(crate) fn backward(
         d_out.clone().into_tensor_arg(),
         dq.clone().into_tensor_arg(),
         d,
+        lanes,
         dtype,
     );
     let dk = empty_like(&q, dims.clone());
@@ -509,6 +603,7 @@ pub(crate) fn backward(
         dk.clone().into_tensor_arg(),
         dh0.clone().into_tensor_arg(),
         d,
+        lanes,
         dtype,
     );
     let dv = empty_like(&q, dims);
@@ -522,6 +617,7 @@ pub(crate) fn backward(
         d_out.into_tensor_arg(),
         dv.clone().into_tensor_arg(),
         d,
+        lanes,
         dtype,
     );
     (dq, dk, dv, dh0)

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The two CPU paths side by side, same machine, same run: the Flex kernels (`--device flex`, the
+# default backend) against the CubeCL kernels JIT-compiled by CubeCL's CPU runtime
+# (`--device cpu`, `--features cpu`, LLVM from scripts/llvm-sdk.sh): FlashRelation and chunked
+# Linear Relation, forward and forward + backward, with the materialized reference and Burn's
+# attention on each device; then the trainer's tokens/s on both.
+#
+#   scripts/bench/cube-cpu.sh             # tables into docs/bench/cube-cpu.md
+#   QUICK=1 scripts/bench/cube-cpu.sh     # T 256 only, fewer steps
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+OUT=${OUT:-docs/bench}
+mkdir -p "$OUT"
+SEQS=${SEQS:-256,1024,4096}
+STEPS=${STEPS:-8}
+if [[ -n "${QUICK:-}" ]]; then SEQS=256; STEPS=4; fi
+THREADS=${RAYON_NUM_THREADS:-$(nproc)}
+export RAYON_NUM_THREADS=$THREADS
+
+scripts/llvm-sdk.sh >/dev/null
+# One invocation, so Burn is built once with one feature set (Flex is a default feature).
+cargo build --release -q -p relation-examples -p relation-train --features cpu --examples --bins
+BIN=${CARGO_TARGET_DIR:-target}/release
+
+# Tokens/s between the end of step 2 and the last step, from metrics.csv.
+train_rate() {
+  local name=$1; shift
+  local dir
+  dir=$(mktemp -d)
+  "$BIN/relation" train --run-dir "$dir/run" --steps "$STEPS" --eval-every 100000 \
+    --checkpoint-every 100000 --sample-tokens 0 --log-every 1000 "$@" > "$dir/log" 2>&1 \
+    || { cat "$dir/log" >&2; exit 1; }
+  python3 - "$dir/run/metrics.csv" "$name" "$*" <<'PY'
+import csv, sys
+rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["loss"]]
+a, b = rows[1], rows[-1]
+rate = (float(b["tokens"]) - float(a["tokens"])) / (float(b["elapsed_s"]) - float(a["elapsed_s"]))
+print(f"| {sys.argv[2]} | `{sys.argv[3]}` | {rate:,.0f} |")
+PY
+  rm -rf "$dir"
+}
+
+CFG37="--n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len 256 --batch-size 16 --tokens-per-step 4096"
+{
+  echo "# Flex kernels vs CubeCL's CPU runtime ($(date -u +%Y-%m-%d), commit $(git rev-parse --short HEAD))"
+  echo
+  echo "Machine: $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), ${THREADS} threads."
+  echo "Same binary, same run: \`--device flex\` (Flex, the default backend, its own fused kernels) and"
+  echo "\`--device cpu\` (CubeCL's LLVM-JIT CPU runtime running the CubeCL kernels; one unit per core)."
+  for dev in flex cpu; do
+    echo
+    echo "## FlashRelation op, --device $dev (B 4, H 8, D 48)"
+    echo
+    "$BIN/examples/flash_relation_bench" --device $dev --seqs "$SEQS" --batch 4 --heads 8 \
+      --head-dim 48 --iters 2 --max-materialized 1024 --max-attention 4096
+  done
+  for dev in flex cpu; do
+    echo
+    echo "## Linear Relation op, --device $dev"
+    echo
+    "$BIN/examples/linear_relation_bench" --device $dev --seqs "$SEQS" --chunk 64 --max-flash 4096
+  done
+  echo
+  echo "## Trainer tokens/s (${THREADS} threads, ${STEPS} steps, steps 3..${STEPS})"
+  echo
+  echo "| model | flags | tokens/s |"
+  echo "|---|---|---|"
+  for dev in flex cpu; do
+    train_rate "cpu (Relation, 1.4M) on $dev" --preset cpu --device $dev
+    train_rate "3.7M Relation on $dev" --preset cpu $CFG37 --device $dev
+  done
+} | tee "$OUT/cube-cpu.md"
