@@ -116,6 +116,62 @@ pub(crate) fn load_rows<F: Float>(
     }
 }
 
+/// Loads this unit's lanes of a `D x D` matrix into `dst`: lane `m` is column (or row)
+/// `c = u + m * units` (see [`column_units`]), element `kk` of it is
+/// `src[base + kk * stride_k + c * stride_c]`, stored at `dst[m * D + kk]`; zero for `c >= D`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn load_lanes<F: Float>(
+    src: &Tensor<F>,
+    dst: &mut Array<f32>,
+    base: usize,
+    stride_k: usize,
+    stride_c: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+) {
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        #[unroll]
+        for kk in 0..head_dim {
+            let mut x = f32::new(0.0);
+            if c < head_dim {
+                x = f32::cast_from(src[base + kk * stride_k + c * stride_c]);
+            }
+            dst[m * head_dim + kk] = x;
+        }
+    }
+}
+
+/// The inverse of [`load_lanes`]: writes this unit's lanes `c < D` of `src` into `dst`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn store_lanes<F: Float>(
+    src: &Array<f32>,
+    dst: &mut Tensor<F>,
+    base: usize,
+    stride_k: usize,
+    stride_c: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+) {
+    let u = UNIT_POS_X as usize;
+    let units = CUBE_DIM_X as usize;
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = u + m * units;
+        if c < head_dim {
+            #[unroll]
+            for kk in 0..head_dim {
+                dst[base + kk * stride_k + c * stride_c] = F::cast_from(src[m * head_dim + kk]);
+            }
+        }
+    }
+}
+
 /// A contiguous tensor on `like`'s device with the given dtype, uninitialised (or NaN-poisoned).
 ///
 /// Allocated as raw bytes so the strides are exactly row-major (the client's tensor allocator may

@@ -49,24 +49,8 @@ BIN=${CARGO_TARGET_DIR:-target}/release
   "$BIN/examples/linear_relation_bench" --device flex --seqs "$SEQS" --chunk 64 --max-flash 4096
 } | tee "$OUT/cpu-ops.md"
 
-# Trainer throughput: tokens/s between the end of step 2 and the last step (excludes the
-# tokenizer, the first allocations), from metrics.csv.
-train_rate() {
-  local name=$1; shift
-  local dir
-  dir=$(mktemp -d)
-  "$BIN/relation" train --run-dir "$dir/run" --steps "$STEPS" --eval-every 100000 \
-    --checkpoint-every 100000 --sample-tokens 0 --log-every 1000 "$@" > "$dir/log" 2>&1 \
-    || { cat "$dir/log" >&2; exit 1; }
-  python3 - "$dir/run/metrics.csv" "$name" "$*" <<'PY'
-import csv, sys
-rows = [r for r in csv.DictReader(open(sys.argv[1])) if r["loss"]]
-a, b = rows[1], rows[-1]
-rate = (float(b["tokens"]) - float(a["tokens"])) / (float(b["elapsed_s"]) - float(a["elapsed_s"]))
-print(f"| {sys.argv[2]} | `{sys.argv[3]}` | {rate:,.0f} |")
-PY
-  rm -rf "$dir"
-}
+# shellcheck source=lib.sh
+source scripts/bench/lib.sh   # train_rate (the cwd is the repository root)
 
 CFG37="--n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len 256 --batch-size 16 --tokens-per-step 4096"
 {

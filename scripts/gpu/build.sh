@@ -4,11 +4,9 @@
 # (git-ignored), with the Vulkan loader packages in .gl/.
 #
 #   scripts/gpu/build.sh          # `vulkan` (SPIR-V through wgpu; any GPU with a Vulkan driver)
-#   scripts/gpu/build.sh --cuda   # `vulkan,cuda,rocm`: the same binaries also run the kernels on
-#                                 # CUDA (PTX through LLVM; needs only the NVIDIA driver there).
-#                                 # Installs the LLVM SDK with the NVPTX and AMDGPU backends first
-#                                 # (scripts/llvm-sdk.sh). `rocm` rides along to prove that it
-#                                 # compiles and links (HIP is loaded at run time); it is not run.
+#   scripts/gpu/build.sh --cuda   # `vulkan,cuda`: the same binaries also run the kernels on CUDA
+#                                 # (PTX through LLVM; needs only the NVIDIA driver there). Installs
+#                                 # the LLVM SDK with the NVPTX backend first (scripts/llvm-sdk.sh).
 #
 # Then, with the device tool: carry [".gpu", ".gl"], command `bash scripts/gpu/run.sh`.
 set -euo pipefail
@@ -16,13 +14,13 @@ cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
 features=vulkan
 if [ "${1:-}" = "--cuda" ]; then
-  features=vulkan,cuda,rocm
-  # An LLVM with the NVPTX and AMDGPU backends, in a data home of its own, and a target folder of its own:
+  features=vulkan,cuda
+  # An LLVM with the NVPTX backend, in a data home of its own, and a target folder of its own:
   # the bundler's build script notices neither a changed XDG_DATA_HOME nor a changed SDK behind
   # an unchanged sentinel, so the X86-only SDK of the CPU-runtime tests must not share either.
   export XDG_DATA_HOME="$HOME/.local/share/relation-llvm-cuda"
   export CARGO_TARGET_DIR="$CARGO_TARGET_DIR-cuda"
-  scripts/llvm-sdk.sh --targets nvptx,amdgpu --data-home "$XDG_DATA_HOME"
+  scripts/llvm-sdk.sh --targets nvptx --data-home "$XDG_DATA_HOME"
 fi
 rm -rf .gpu && mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude

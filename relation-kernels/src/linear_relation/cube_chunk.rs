@@ -122,7 +122,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::{client::Client, prelude::*};
 
-use crate::cube::{column_units, empty_like, empty_like_dtype};
+use crate::cube::{column_units, empty_like, empty_like_dtype, load_lanes, store_lanes};
 use crate::launches;
 
 /// Largest sub-tile edge of `chunk_output`.
@@ -163,18 +163,15 @@ fn chunk_states_kernel<F: Float>(
 
     // C[:, c] of this unit's m-th column c = u + m * units at m * D.
     let mut st = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        #[unroll]
-        for kk in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if c < head_dim {
-                x = f32::cast_from(h0[bh * head_dim * head_dim + kk * head_dim + c]);
-            }
-            st[m * head_dim + kk] = x;
-        }
-    }
+    load_lanes::<F>(
+        h0,
+        &mut st,
+        bh * head_dim * head_dim,
+        head_dim,
+        1,
+        head_dim,
+        lanes,
+    );
     let mut total = Array::<f32>::new(lanes); // b_last of channel c
     let mut running = Array::<f32>::new(lanes); // b_j of channel c
     let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
@@ -186,17 +183,14 @@ fn chunk_states_kernel<F: Float>(
         if end > seq {
             end = seq;
         }
+        // The chunk-start state C^(n).
+        let chunk_base = states_base + n * head_dim * head_dim;
+        store_lanes::<f32>(&st, states, chunk_base, head_dim, 1, head_dim, lanes);
         #[unroll(lanes == 1)]
         for m in 0..lanes {
             let c = u + m * units;
             let mut sum = f32::new(0.0);
             if c < head_dim {
-                // The chunk-start state C^(n), column c.
-                #[unroll]
-                for kk in 0..head_dim {
-                    states[states_base + (n * head_dim + kk) * head_dim + c] =
-                        st[m * head_dim + kk];
-                }
                 // b_last for channel c.
                 for t in c0..end {
                     sum += f32::cast_from(g[base + t * row_stride + c]);
@@ -253,16 +247,8 @@ fn chunk_states_kernel<F: Float>(
         }
     }
     if comptime!(write_final) {
-        #[unroll(lanes == 1)]
-        for m in 0..lanes {
-            let c = u + m * units;
-            if c < head_dim {
-                #[unroll]
-                for kk in 0..head_dim {
-                    out[out_base + (seq + kk) * head_dim + c] = F::cast_from(st[m * head_dim + kk]);
-                }
-            }
-        }
+        let final_base = out_base + seq * head_dim; // rows T.. of the bundle: C_T[k, c]
+        store_lanes::<F>(&st, out, final_base, head_dim, 1, head_dim, lanes);
     }
 }
 
@@ -306,17 +292,7 @@ fn chunk_output_kernel<F: Float>(
 
     // C^(n)[:, c] of this unit's m-th column at m * D.
     let mut st = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        for kk in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if c < head_dim {
-                x = states[state_base + kk * head_dim + c];
-            }
-            st[m * head_dim + kk] = x;
-        }
-    }
+    load_lanes::<f32>(states, &mut st, state_base, head_dim, 1, head_dim, lanes);
     let mut b_row = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // b_t, rows of R
     let mut qe = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // q_t ⊙ e^{b_t}
     let mut b_col = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // b_j, rows of J
@@ -558,18 +534,8 @@ fn chunk_dstates_kernel<F: Float>(
 
     // dC[:, c] of this unit's m-th column c = u + m * units at m * D, from dC_T.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        #[unroll]
-        for kk in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if c < head_dim {
-                x = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + c]);
-            }
-            grad[m * head_dim + kk] = x;
-        }
-    }
+    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
+    load_lanes::<F>(d_out, &mut grad, final_base, head_dim, 1, head_dim, lanes);
     let mut running = Array::<f32>::new(lanes); // b_t of channel c
     let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
     let mut qe = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // q_t ⊙ e^{b_t}
@@ -581,16 +547,13 @@ fn chunk_dstates_kernel<F: Float>(
         if end > seq {
             end = seq;
         }
+        // Gradient of the chunk-end state C^(n+1).
+        let chunk_base = states_base + n * head_dim * head_dim;
+        store_lanes::<f32>(&grad, dstates, chunk_base, head_dim, 1, head_dim, lanes);
         #[unroll(lanes == 1)]
         for m in 0..lanes {
             let c = u + m * units;
             if c < head_dim {
-                // Gradient of the chunk-end state C^(n+1), column c.
-                #[unroll]
-                for kk in 0..head_dim {
-                    dstates[states_base + (n * head_dim + kk) * head_dim + c] =
-                        grad[m * head_dim + kk];
-                }
                 // b_t for channel c, stored for the per-chunk kernels; b_last.
                 let mut sum = f32::new(0.0);
                 for t in c0..end {
@@ -647,17 +610,15 @@ fn chunk_dstates_kernel<F: Float>(
             sync_cube();
         }
     }
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        if c < head_dim {
-            #[unroll]
-            for kk in 0..head_dim {
-                dh0[bh * head_dim * head_dim + kk * head_dim + c] =
-                    F::cast_from(grad[m * head_dim + kk]);
-            }
-        }
-    }
+    store_lanes::<F>(
+        &grad,
+        dh0,
+        bh * head_dim * head_dim,
+        head_dim,
+        1,
+        head_dim,
+        lanes,
+    );
 }
 
 /// Backward, one cube per `(chunk, b, h)`: `dq` and `dk` of the chunk's tokens, unit `u` owning

@@ -40,7 +40,7 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use crate::cube::{column_units, empty_like, load_rows};
+use crate::cube::{column_units, empty_like, load_lanes, load_rows, store_lanes};
 use crate::launches;
 
 /// Tokens per shared-memory tile.
@@ -73,18 +73,7 @@ fn linear_relation_fwd_kernel<F: Float>(
 
     // C[:, c] of this unit's m-th column at m * D.
     let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        #[unroll]
-        for kk in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if c < head_dim {
-                x = f32::cast_from(h0[h0_base + kk * head_dim + c]);
-            }
-            state[m * head_dim + kk] = x;
-        }
-    }
+    load_lanes::<F>(h0, &mut state, h0_base, head_dim, 1, head_dim, lanes);
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
@@ -169,16 +158,8 @@ fn linear_relation_fwd_kernel<F: Float>(
         }
         sync_cube();
     }
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        if c < head_dim {
-            #[unroll]
-            for kk in 0..head_dim {
-                out[out_base + (seq + kk) * head_dim + c] = F::cast_from(state[m * head_dim + kk]);
-            }
-        }
-    }
+    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: C_T[k, c]
+    store_lanes::<F>(&state, out, final_base, head_dim, 1, head_dim, lanes);
 }
 
 /// `dq`: unit `u` owns the state rows `r = u + m · units`, forward time, recomputing `C` from
@@ -208,18 +189,8 @@ fn linear_relation_dq_kernel<F: Float>(
 
     // C[r, :] of this unit's m-th row at m * D.
     let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let r = u + m * units;
-        #[unroll]
-        for cc in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if r < head_dim {
-                x = f32::cast_from(h0[bh * head_dim * head_dim + r * head_dim + cc]);
-            }
-            state[m * head_dim + cc] = x;
-        }
-    }
+    let h0_base = bh * head_dim * head_dim;
+    load_lanes::<F>(h0, &mut state, h0_base, 1, head_dim, head_dim, lanes);
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     for tile in 0..seq.div_ceil(TOKENS) {
@@ -308,18 +279,8 @@ fn linear_relation_dk_kernel<F: Float>(
 
     // dC[r, :] of this unit's m-th row at m * D, from dC_T.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let r = u + m * units;
-        #[unroll]
-        for cc in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if r < head_dim {
-                x = f32::cast_from(d_out[out_base + (seq + r) * head_dim + cc]);
-            }
-            grad[m * head_dim + cc] = x;
-        }
-    }
+    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
+    load_lanes::<F>(d_out, &mut grad, final_base, 1, head_dim, head_dim, lanes);
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let tiles = seq.div_ceil(TOKENS);
@@ -381,17 +342,8 @@ fn linear_relation_dk_kernel<F: Float>(
         }
         sync_cube();
     }
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let r = u + m * units;
-        if r < head_dim {
-            #[unroll]
-            for cc in 0..head_dim {
-                dh0[bh * head_dim * head_dim + r * head_dim + cc] =
-                    F::cast_from(grad[m * head_dim + cc]);
-            }
-        }
-    }
+    let h0_base = bh * head_dim * head_dim;
+    store_lanes::<F>(&grad, dh0, h0_base, 1, head_dim, head_dim, lanes);
 }
 
 /// `dv`: unit `u` owns the state columns `c = u + m · units`, reverse time.
@@ -419,18 +371,8 @@ fn linear_relation_dv_kernel<F: Float>(
 
     // dC[:, c] of this unit's m-th column at m * D.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    #[unroll(lanes == 1)]
-    for m in 0..lanes {
-        let c = u + m * units;
-        #[unroll]
-        for kk in 0..head_dim {
-            let mut x = f32::new(0.0);
-            if c < head_dim {
-                x = f32::cast_from(d_out[out_base + (seq + kk) * head_dim + c]);
-            }
-            grad[m * head_dim + kk] = x;
-        }
-    }
+    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
+    load_lanes::<F>(d_out, &mut grad, final_base, head_dim, 1, head_dim, lanes);
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
