@@ -52,3 +52,11 @@ if [ ! -d .gl ]; then
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
 du -sh .gpu .gl
+# The device tool carries at most 64 MiB per call. A `--cuda` build links all of LLVM's targets
+# (the SDK's llvm-config profile with the extra-targets wheel) and measured 127 MiB here
+# (four binaries of ~32 MiB): carry only what a call runs, one binary per call, until the build
+# links NVPTX + X86 alone.
+total=$(du -sm .gpu .gl | awk '{s += $1} END {print s}')
+if [ "$total" -gt 64 ]; then
+  echo "warning: .gpu + .gl is ${total} MiB, over the device tool's 64 MiB carry limit" >&2
+fi
