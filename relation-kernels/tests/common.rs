@@ -52,6 +52,7 @@ pub fn cuda() -> Device {
 
 /// The CubeCL devices of this build: wgpu, the CubeCL CPU runtime, CUDA, when compiled in.
 #[allow(dead_code)] // used only by the CubeCL-only tests
+#[allow(clippy::vec_init_then_push)] // each push is behind its own feature
 pub fn cube_devices() -> Vec<Device> {
     #[allow(unused_mut)]
     let mut all = Vec::new();
