@@ -28,8 +28,8 @@ use relation_examples::{
 #[global_allocator]
 static ALLOC: Counting = Counting;
 use relation_kernels::{
-    CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, linear_relation,
-    recurrent_linear_relation_step,
+    CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, fused_recurrent_linear_relation,
+    linear_relation_step,
 };
 
 struct Args {
@@ -94,7 +94,7 @@ fn parse() -> Result<Args, String> {
 enum Method {
     /// `chunk_linear_relation`, the chunked kernels.
     Chunk,
-    /// `linear_relation`, the fused recurrent kernel.
+    /// `fused_recurrent_linear_relation`, the fused recurrent kernel.
     Recurrent,
     /// `flash_relation`.
     Flash,
@@ -150,9 +150,17 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
                 .y
             }
             Method::Recurrent => {
-                linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, Strategy::Fused)
-                    .expect("linear")
-                    .y
+                fused_recurrent_linear_relation(
+                    p1,
+                    p2,
+                    info,
+                    gates,
+                    DEFAULT_TAU,
+                    None,
+                    Strategy::Fused,
+                )
+                .expect("linear")
+                .y
             }
             Method::Flash => {
                 let lambda = Tensor::<1>::from_data([0.5f32], &p1.device());
@@ -257,7 +265,7 @@ fn main() {
     );
     let step = time_on(&device, 20, &mut || {
         let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| token[i].clone());
-        let _ = recurrent_linear_relation_step(
+        let _ = linear_relation_step(
             p1,
             p2,
             info,

@@ -42,6 +42,14 @@ pub enum KernelError {
         /// The supported chunk sizes.
         allowed: &'static [usize],
     },
+    /// A Linear Relation mode written as text is none of `recurrent`, `chunked`, `chunked:N`.
+    #[error(
+        "`{given}` is not a Linear Relation mode: expected `recurrent`, `chunked` or `chunked:N` (N in 16, 32, 64)"
+    )]
+    BadMode {
+        /// The text that was given.
+        given: String,
+    },
 }
 
 /// Result alias of this crate.

@@ -15,8 +15,9 @@
 //! |---|---|---|---|
 //! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `self_relation/cube.rs` | `self_relation/flex.rs` |
 //! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `flash_relation/cube.rs` | `flash_relation/flex.rs` (tiled, online softmax, GEMM tiles, all cores) |
-//! | [`linear_relation`], [`linear_relation_step`] (= [`recurrent_linear_relation_step`]), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `linear_relation/cube_recurrent.rs` | `linear_relation/flex.rs` (state in cache, checkpointed scan, all cores) |
+//! | [`fused_recurrent_linear_relation`], [`linear_relation_step`] (decoding), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `linear_relation/cube_recurrent.rs` | `linear_relation/flex.rs` (state in cache, checkpointed scan, all cores) |
 //! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `linear_relation/cube_chunk.rs` (GLA-style chunked) | `linear_relation/flex.rs` (chunk-checkpointed scan) |
+//! | [`linear_relation`]: one of the two above by [`LinearRelationMode`] (what the model calls) | | | |
 //! | [`swiglu`], [`cross_entropy`] (the model's element-wise hot spots), forward and backward | `naive_swiglu` / `naive_cross_entropy` | none: Burn's fusion compiles the reference | `lm/flex.rs` (one pass each, all cores) |
 //!
 //! [`Device`]: burn::tensor::Device
@@ -44,8 +45,8 @@ mod strategy;
 pub use error::{KernelError, Result};
 pub use flash_relation::{MAX_HEAD_DIM, flash_relation, flash_relation_with_stats};
 pub use linear_relation::{
-    CHUNK_SIZES, MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, chunk_linear_relation, linear_relation,
-    linear_relation_step, recurrent_linear_relation_step,
+    CHUNK_SIZES, LinearRelationMode, MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, chunk_linear_relation,
+    fused_recurrent_linear_relation, linear_relation, linear_relation_step,
 };
 #[cfg(feature = "flex")]
 pub use lm::LmOps;

@@ -21,8 +21,8 @@ use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::{Check, assert_close, tolerance};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput};
 use relation_kernels::{
-    CHUNK_SIZES, KernelError, Strategy, chunk_linear_relation, debug, launches, linear_relation,
-    recurrent_linear_relation_step,
+    CHUNK_SIZES, KernelError, Strategy, chunk_linear_relation, debug,
+    fused_recurrent_linear_relation, launches, linear_relation_step,
 };
 
 use crate::common::{devices, to_flex};
@@ -207,7 +207,7 @@ device_tests! {
         let c = case([1, 100, 2, 60], 34, (-1.0, 0.0), true, DType::F32);
         let x = c.on(&device, DType::F32, false);
         let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-        let recurrent = linear_relation(
+        let recurrent = fused_recurrent_linear_relation(
             p1,
             p2,
             info,
@@ -280,7 +280,7 @@ device_tests! {
         let mut ys = vec![first.y];
         for t in split..seq {
             let [p1, p2, info, gates] = part(t, 1);
-            let out = recurrent_linear_relation_step(
+            let out = linear_relation_step(
                 p1,
                 p2,
                 info,

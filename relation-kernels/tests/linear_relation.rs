@@ -4,7 +4,9 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput, naive_recurrent_linear_relation};
-use relation_kernels::{Strategy, debug, launches, linear_relation, linear_relation_step};
+use relation_kernels::{
+    Strategy, debug, fused_recurrent_linear_relation, launches, linear_relation_step,
+};
 
 use crate::common::to_flex;
 
@@ -73,7 +75,8 @@ impl Case {
 
 fn run(x: &On, strategy: Strategy) -> LinearRelationOutput {
     let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-    linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone(), strategy).unwrap()
+    fused_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone(), strategy)
+        .unwrap()
 }
 
 pub(crate) fn reference(x: &On) -> LinearRelationOutput {
@@ -197,7 +200,7 @@ device_tests! {
 
         // x1 then x2 from the carried state == x1 ++ x2.
         let [p1, p2, info, gates] = part(0, split);
-        let first = linear_relation(
+        let first = fused_recurrent_linear_relation(
             p1,
             p2,
             info,
@@ -208,7 +211,7 @@ device_tests! {
         )
         .unwrap();
         let [p1, p2, info, gates] = part(split, seq - split);
-        let second = linear_relation(
+        let second = fused_recurrent_linear_relation(
             p1,
             p2,
             info,

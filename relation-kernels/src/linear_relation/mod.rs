@@ -19,7 +19,8 @@ use crate::{KernelError, RelationOps, Result, Strategy};
 /// Largest head dimension of the fused Linear Relation kernels (one unit per state row/column).
 pub const MAX_LINEAR_HEAD_DIM: usize = 256;
 
-/// Chunk size of the reference fallback (`naive_chunk_linear_relation`) of [`linear_relation`].
+/// Chunk size of the reference fallback (`naive_chunk_linear_relation`) of
+/// [`fused_recurrent_linear_relation`].
 pub const REFERENCE_CHUNK: usize = 64;
 
 /// Chunk sizes [`chunk_linear_relation`] accepts (on every device, so that a program behaves the
@@ -28,13 +29,96 @@ pub const REFERENCE_CHUNK: usize = 64;
 /// kernel's job.
 pub const CHUNK_SIZES: &[usize] = &[16, 32, 64];
 
-/// Which fused forward runs.
-#[derive(Debug, Clone, Copy)]
-enum Kernel {
-    /// `cube::linear_relation`: token by token.
+/// How Linear Relation runs over a sequence: the kernel [`linear_relation`] picks.
+///
+/// Both compute the same function (spec §3) and carry the same state; they differ in speed and
+/// rounding only. Measured (`examples/linear_relation_bench`, `docs/bench/cpu-ops.md` and
+/// `docs/bench/cube-cpu.md`, B 1 H 8 D 64): on Flex the chunk size does not change the algorithm
+/// and the recurrent form is as fast or faster at every T from 256 to 4096 (training 0.92x to
+/// 1.08x of chunked, forward 0.44x to 1.03x); on CubeCL's CPU runtime the recurrent kernels train
+/// 0.65x to 0.92x the chunked time. So [`Recurrent`](Self::Recurrent) is the default. GPUs with
+/// matrix units are where the chunked form should win at long T: measure it there with
+/// `scripts/gpu/run.sh` before choosing it.
+///
+/// Written in configs and on the command line as `recurrent`, `chunked` (chunk 64) or
+/// `chunked:N` with `N` one of [`CHUNK_SIZES`].
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LinearRelationMode {
+    /// Token by token ([`fused_recurrent_linear_relation`]): state in registers (GPU) or cache
+    /// (CPU), `O(T D)` memory.
+    #[default]
     Recurrent,
-    /// `cube::chunk_linear_relation` with this many tokens per chunk.
-    Chunk(usize),
+    /// Chunkwise parallel, GLA-style ([`chunk_linear_relation`]) with this many tokens per chunk,
+    /// one of [`CHUNK_SIZES`].
+    Chunked {
+        /// Tokens per chunk.
+        chunk_size: usize,
+    },
+}
+
+impl LinearRelationMode {
+    /// The chunked mode with the largest chunk (64).
+    pub const CHUNKED: Self = Self::Chunked { chunk_size: 64 };
+
+    /// Checks the chunk size.
+    ///
+    /// # Errors
+    /// [`KernelError::UnsupportedChunkSize`] for a chunk size outside [`CHUNK_SIZES`].
+    pub fn check(self) -> Result<Self> {
+        match self {
+            Self::Chunked { chunk_size } if !CHUNK_SIZES.contains(&chunk_size) => {
+                Err(KernelError::UnsupportedChunkSize {
+                    op: "chunk_linear_relation",
+                    chunk_size,
+                    allowed: CHUNK_SIZES,
+                })
+            }
+            mode => Ok(mode),
+        }
+    }
+
+    /// The entry point this mode runs, for messages and logs.
+    pub fn op_name(self) -> &'static str {
+        match self {
+            Self::Recurrent => "fused_recurrent_linear_relation",
+            Self::Chunked { .. } => "chunk_linear_relation",
+        }
+    }
+}
+
+impl std::fmt::Display for LinearRelationMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Recurrent => f.write_str("recurrent"),
+            Self::Chunked { chunk_size } => write!(f, "chunked:{chunk_size}"),
+        }
+    }
+}
+
+impl std::str::FromStr for LinearRelationMode {
+    type Err = KernelError;
+
+    /// `recurrent`, `chunked` (= `chunked:64`) or `chunked:N`.
+    fn from_str(s: &str) -> Result<Self> {
+        let mode = match s.split_once(':') {
+            None if s == "recurrent" => Self::Recurrent,
+            None if s == "chunked" => Self::CHUNKED,
+            Some(("chunked", n)) => Self::Chunked {
+                chunk_size: n.parse().map_err(|_| KernelError::BadMode {
+                    given: s.to_string(),
+                })?,
+            },
+            _ => {
+                return Err(KernelError::BadMode {
+                    given: s.to_string(),
+                });
+            }
+        };
+        mode.check()
+    }
 }
 
 fn check_inputs(
@@ -67,15 +151,12 @@ fn fused(
     tau: f64,
     state: Option<Tensor<4>>,
     dims: check::Bthd,
-    kernel: Kernel,
+    mode: LinearRelationMode,
 ) -> Result<LinearRelationOutput> {
     let [b, t, h, d] = dims.dims();
     if d > MAX_LINEAR_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
-            op: match kernel {
-                Kernel::Recurrent => "linear_relation",
-                Kernel::Chunk(_) => "chunk_linear_relation",
-            },
+            op: mode.op_name(),
             head_dim: d,
             max: MAX_LINEAR_HEAD_DIM,
         });
@@ -91,9 +172,11 @@ fn fused(
         log_alpha.into_dispatch(),
         state.into_dispatch(),
     );
-    let out = Tensor::<4>::from_dispatch(match kernel {
-        Kernel::Recurrent => Dispatch::linear_relation(q, k, v, g, h0),
-        Kernel::Chunk(chunk_size) => Dispatch::chunk_linear_relation(q, k, v, g, h0, chunk_size),
+    let out = Tensor::<4>::from_dispatch(match mode {
+        LinearRelationMode::Recurrent => Dispatch::linear_relation(q, k, v, g, h0),
+        LinearRelationMode::Chunked { chunk_size } => {
+            Dispatch::chunk_linear_relation(q, k, v, g, h0, chunk_size)
+        }
     }); // [B, H, T + D, D]
     Ok(LinearRelationOutput {
         y: out.clone().narrow(2, 0, t).swap_dims(1, 2), // [B, T, H, D]
@@ -101,7 +184,8 @@ fn fused(
     })
 }
 
-/// Linear Relation (spec §3) over a sequence, carrying a state in and out, on any device.
+/// Linear Relation (spec §3) over a sequence, token by token, carrying a state in and out, on any
+/// device.
 ///
 /// On CubeCL devices the fused recurrent kernels run (state in registers, `O(T D)` memory, a
 /// fused backward for `p1`, `p2`, `info`, `log_alpha` and `initial_state` under autodiff).
@@ -117,7 +201,7 @@ fn fused(
 /// # Errors
 /// Everything the references refuse, plus [`KernelError::FusedUnavailable`] and
 /// [`KernelError::HeadDimTooLarge`] on the fused path.
-pub fn linear_relation(
+pub fn fused_recurrent_linear_relation(
     p1: Tensor<4>,
     p2: Tensor<4>,
     info: Tensor<4>,
@@ -127,7 +211,7 @@ pub fn linear_relation(
     strategy: Strategy,
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
-    if strategy.use_fused("linear_relation", &p1.device())? {
+    if strategy.use_fused("fused_recurrent_linear_relation", &p1.device())? {
         fused(
             p1,
             p2,
@@ -136,7 +220,7 @@ pub fn linear_relation(
             tau,
             initial_state,
             dims,
-            Kernel::Recurrent,
+            LinearRelationMode::Recurrent,
         )
     } else {
         Ok(naive_chunk_linear_relation(
@@ -152,8 +236,9 @@ pub fn linear_relation(
 }
 
 /// Decoding: advance a Linear Relation state by one token (or a few), returning their outputs
-/// and the new state. The same fused kernel as [`linear_relation`]; the reference is the token
-/// loop `naive_recurrent_linear_relation`.
+/// and the new state. The same fused kernel as [`fused_recurrent_linear_relation`]; the reference
+/// is the token loop `naive_recurrent_linear_relation`. Prefill with [`linear_relation`] in any
+/// mode, then advance the returned state with this.
 ///
 /// # Shapes
 /// - `p1`, `p2`, `info`, `log_alpha`: `[B, T, H, D]`, usually `T = 1`
@@ -161,7 +246,7 @@ pub fn linear_relation(
 /// - output: `y` `[B, T, H, D]`, `state` `[B, H, D, D]`
 ///
 /// # Errors
-/// As [`linear_relation`].
+/// As [`fused_recurrent_linear_relation`].
 pub fn linear_relation_step(
     p1: Tensor<4>,
     p2: Tensor<4>,
@@ -181,7 +266,7 @@ pub fn linear_relation_step(
             tau,
             Some(state),
             dims,
-            Kernel::Recurrent,
+            LinearRelationMode::Recurrent,
         )
     } else {
         Ok(naive_recurrent_linear_relation(
@@ -195,27 +280,6 @@ pub fn linear_relation_step(
     }
 }
 
-/// Decoding under the name: exactly [`linear_relation_step`] (the fused recurrent
-/// kernel on CubeCL devices, `naive_recurrent_linear_relation` elsewhere). Prefill with
-/// [`chunk_linear_relation`] or [`linear_relation`], then advance the returned state with this.
-///
-/// # Shapes
-/// As [`linear_relation_step`].
-///
-/// # Errors
-/// As [`linear_relation_step`].
-pub fn recurrent_linear_relation_step(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    log_alpha: Tensor<4>,
-    tau: f64,
-    state: Tensor<4>,
-    strategy: Strategy,
-) -> Result<LinearRelationOutput> {
-    linear_relation_step(p1, p2, info, log_alpha, tau, state, strategy)
-}
-
 /// Linear Relation (spec §3) with the chunked (chunkwise-parallel, GLA-style) algorithm, carrying
 /// a state in and out, on any device.
 ///
@@ -227,7 +291,7 @@ pub fn recurrent_linear_relation_step(
 /// gradients of `p1`, `p2`, `info`, `log_alpha` and `initial_state` come from the chunked
 /// backward kernels (a reverse pass over the chunks for the state gradients, then one cube per
 /// chunk for `dq`, `dk`, `dv`); `S_t` and the L2 normalisation are tensor ops here, as in
-/// [`linear_relation`]. Elsewhere (or with [`Strategy::Reference`]) it is
+/// [`fused_recurrent_linear_relation`]. Elsewhere (or with [`Strategy::Reference`]) it is
 /// `relation_core::naive_chunk_linear_relation` with the same `chunk_size`.
 ///
 /// `chunk_size` must be one of [`CHUNK_SIZES`] (16, 32, 64) on every device. The result does not
@@ -252,13 +316,7 @@ pub fn chunk_linear_relation(
     chunk_size: usize,
     strategy: Strategy,
 ) -> Result<LinearRelationOutput> {
-    if !CHUNK_SIZES.contains(&chunk_size) {
-        return Err(KernelError::UnsupportedChunkSize {
-            op: "chunk_linear_relation",
-            chunk_size,
-            allowed: CHUNK_SIZES,
-        });
-    }
+    LinearRelationMode::Chunked { chunk_size }.check()?;
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
     if strategy.use_fused("chunk_linear_relation", &p1.device())? {
         fused(
@@ -269,7 +327,7 @@ pub fn chunk_linear_relation(
             tau,
             initial_state,
             dims,
-            Kernel::Chunk(chunk_size),
+            LinearRelationMode::Chunked { chunk_size },
         )
     } else {
         Ok(naive_chunk_linear_relation(
@@ -281,5 +339,44 @@ pub fn chunk_linear_relation(
             initial_state,
             chunk_size,
         )?)
+    }
+}
+
+/// Linear Relation (spec §3) over a sequence in the given [`LinearRelationMode`]: the entry point
+/// the model uses. [`LinearRelationMode::Recurrent`] is [`fused_recurrent_linear_relation`],
+/// [`LinearRelationMode::Chunked`] is [`chunk_linear_relation`] with its chunk size.
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`, `log_alpha`: `[B, T, H, D]` (`log_alpha <= 0`)
+/// - `initial_state`: `[B, H, D, D]` (zeros when `None`)
+/// - output: `y` `[B, T, H, D]`, `state` `[B, H, D, D]`
+///
+/// # Errors
+/// As the entry point the mode names.
+#[allow(clippy::too_many_arguments)] // inputs, tau, state, mode, strategy
+pub fn linear_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    initial_state: Option<Tensor<4>>,
+    mode: LinearRelationMode,
+    strategy: Strategy,
+) -> Result<LinearRelationOutput> {
+    match mode {
+        LinearRelationMode::Recurrent => {
+            fused_recurrent_linear_relation(p1, p2, info, log_alpha, tau, initial_state, strategy)
+        }
+        LinearRelationMode::Chunked { chunk_size } => chunk_linear_relation(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            initial_state,
+            chunk_size,
+            strategy,
+        ),
     }
 }

@@ -6,7 +6,7 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, TensorData};
 use relation_core::kda_log_gates;
 use relation_core::rng::SplitMix64;
-use relation_kernels::{Strategy, linear_relation};
+use relation_kernels::{LinearRelationMode, Strategy, linear_relation};
 
 use super::{dense, linear, merge_heads, relation_projections, split_heads};
 use crate::cache::LayerCache;
@@ -153,7 +153,16 @@ impl LinearRelation {
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let [p1, p2, info, gates] = self.project(x, 0)?;
-        let out = linear_relation(p1, p2, info, gates, self.tau, None, Strategy::Auto)?;
+        let out = linear_relation(
+            p1,
+            p2,
+            info,
+            gates,
+            self.tau,
+            None,
+            LinearRelationMode::default(),
+            Strategy::Auto,
+        )?;
         Ok(dense(&self.wo, merge_heads(out.y)))
     }
 
@@ -169,7 +178,16 @@ impl LinearRelation {
             LayerCache::Linear { state, .. } => Some(state),
             _ => None,
         };
-        let out = linear_relation(p1, p2, info, gates, self.tau, state, Strategy::Auto)?;
+        let out = linear_relation(
+            p1,
+            p2,
+            info,
+            gates,
+            self.tau,
+            state,
+            LinearRelationMode::default(),
+            Strategy::Auto,
+        )?;
         *cache = LayerCache::Linear {
             state: out.state,
             len: offset + n,
