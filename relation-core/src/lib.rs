@@ -1,21 +1,4 @@
-//! # relation-core
-//!
-//! Plainly correct references for every computation of the Relation family (spec:
-//! `RELATION.md`), written with Burn tensor operations so they run on any [`Device`] and are
-//! differentiable by Burn's autodiff. They are the specification, the test oracle and the fallback
-//! of every fast path in `relation-kernels`.
-//!
-//! | form | function |
-//! |---|---|
-//! | Self-Exchange Relation, materialized `R` (§1) | [`naive_parallel_relation`] |
-//! | factorized Self share / Exchange allocation (§1.1) | [`naive_factorized_relation`] |
-//! | Linear Relation, token loop (§3) | [`naive_recurrent_linear_relation`] |
-//! | Linear Relation, chunkwise parallel (§3) | [`naive_chunk_linear_relation`] |
-//! | last rows for cached decoding (§4) | [`naive_relation_rows`] |
-//! | Givens head mixing (§2) | [`givens_mix`] |
-//! | RoPE on P1/P2 (base 1e4, full head dim) | [`rope`] |
-//! | SwiGLU gate `SiLU(g) ⊙ u` | [`naive_swiglu`] |
-//! | per-token cross-entropy (the training loss) | [`naive_cross_entropy`] |
+#![doc = include_str!("../README.md")]
 //!
 //! ## Layout
 //!
@@ -34,6 +17,7 @@ pub mod lm;
 pub mod relation;
 pub mod rng;
 pub mod rope;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use error::{RelationError, Result};

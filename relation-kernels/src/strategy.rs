@@ -38,16 +38,28 @@ impl Strategy {
         here: bool,
         available: &'static str,
     ) -> crate::Result<bool> {
-        match self {
-            Self::Reference => Ok(false),
-            Self::Auto => Ok(here),
-            Self::Fused if here => Ok(true),
-            Self::Fused => Err(crate::KernelError::FusedUnavailable {
-                op,
-                available,
-                device: format!("{device:?}"),
-            }),
-        }
+        let fused = match self {
+            Self::Reference => false,
+            Self::Auto => here,
+            Self::Fused if here => true,
+            Self::Fused => {
+                return Err(crate::KernelError::FusedUnavailable {
+                    op,
+                    available,
+                    device: format!("{device:?}"),
+                });
+            }
+        };
+        // `RUST_LOG=relation_kernels=debug` shows which path every call took (per call: at
+        // `trace` the kernels add their tile sizes).
+        tracing::debug!(
+            op,
+            strategy = ?self,
+            ?device,
+            path = if fused { "fused" } else { "reference" },
+            "kernel choice"
+        );
+        Ok(fused)
     }
 }
 

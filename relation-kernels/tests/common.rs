@@ -50,7 +50,31 @@ pub fn cuda() -> Device {
     device
 }
 
-/// The CubeCL devices of this build: wgpu, the CubeCL CPU runtime, CUDA, when compiled in.
+/// The default Vulkan device through CubeCL's SPIR-V compiler (`--features vulkan`; real GPUs
+/// only: the SPIR-V path crashes Mesa's software driver). Panics when there is none.
+#[cfg(feature = "vulkan")]
+pub fn vulkan() -> Device {
+    let device = Device::vulkan(burn::tensor::DeviceKind::DefaultDevice);
+    assert!(
+        relation_kernels::is_cube(&device),
+        "Device::vulkan must be a CubeCL device"
+    );
+    device
+}
+
+/// The default Metal device (`--features metal`, macOS). Panics when there is none.
+#[cfg(feature = "metal")]
+pub fn metal() -> Device {
+    let device = Device::metal(burn::tensor::DeviceKind::DefaultDevice);
+    assert!(
+        relation_kernels::is_cube(&device),
+        "Device::metal must be a CubeCL device"
+    );
+    device
+}
+
+/// The CubeCL devices of this build: wgpu, Vulkan, Metal, the CubeCL CPU runtime, CUDA, when
+/// compiled in.
 #[allow(dead_code)] // used only by the CubeCL-only tests
 #[allow(clippy::vec_init_then_push)] // each push is behind its own feature
 pub fn cube_devices() -> Vec<Device> {
@@ -58,6 +82,10 @@ pub fn cube_devices() -> Vec<Device> {
     let mut all = Vec::new();
     #[cfg(feature = "wgpu")]
     all.push(wgpu());
+    #[cfg(feature = "vulkan")]
+    all.push(vulkan());
+    #[cfg(feature = "metal")]
+    all.push(metal());
     #[cfg(feature = "cpu")]
     all.push(cube_cpu());
     #[cfg(feature = "cuda")]
@@ -79,9 +107,11 @@ pub fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
 }
 
 /// One test per device with kernels: `device_tests! { fn name(device) { … } }` makes the module
-/// `name` with the tests `name::flex`, `name::wgpu` (with the `wgpu` feature), `name::cube_cpu`
-/// (with the `cpu` feature) and `name::cuda` (with the `cuda` feature), each running the body with
-/// `device` bound to that device. Pick one device with cargo's name filter, e.g. `-- ::cube_cpu`.
+/// `name` with the tests `name::flex`, `name::wgpu` (with the `wgpu` feature), `name::vulkan`,
+/// `name::metal`, `name::cube_cpu` (the `cpu` feature) and `name::cuda`, each running the body
+/// with `device` bound to that device: the one place that says which devices the suite covers.
+/// Building with a backend's feature adds its tests (none can be skipped at run time); pick
+/// devices with cargo's name filter, e.g. `-- ::cube_cpu` or `-- ::cuda`.
 macro_rules! device_tests {
     ($(fn $name:ident($device:ident) $body:block)*) => {
         $(
@@ -100,6 +130,18 @@ macro_rules! device_tests {
                 #[test]
                 fn wgpu() {
                     body(crate::common::wgpu())
+                }
+
+                #[cfg(feature = "vulkan")]
+                #[test]
+                fn vulkan() {
+                    body(crate::common::vulkan())
+                }
+
+                #[cfg(feature = "metal")]
+                #[test]
+                fn metal() {
+                    body(crate::common::metal())
                 }
 
                 #[cfg(feature = "cpu")]

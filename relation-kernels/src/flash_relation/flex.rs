@@ -34,24 +34,26 @@
 //! ```
 //! and `dlambda = -sum_i dA_i log i`, summed per head and then over heads in order.
 
+use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
 use super::{NO_HISTORY_LSE, STATS};
-use crate::flex::{
+use crate::launches;
+use crate::ops::{FlashArgs, FlashForward, FlashGrads};
+use crate::tile::flex::{
     Mat, dims4, exp, gather_heads, gemm, max_of, output, read_f32, scatter_heads, sigmoid, simd,
     sum_of, tensor,
 };
-use crate::launches;
 
 /// Query rows per task (forward) and per block (backward).
 const BLOCK_Q: usize = 64;
 /// Key rows per tile.
 const BLOCK_K: usize = 64;
 
-/// Outputs of [`forward`].
-pub(crate) struct Forward {
+/// Outputs of [`launch_forward`].
+struct Forward {
     /// `Y`, `[B, T, H, D]`.
     pub y: FlexTensor,
     /// `Ī`, `[B, T, H, D]` (or `[1]` when not saved).
@@ -86,12 +88,26 @@ fn scores(head: Head<'_>, i0: usize, n: usize, j0: usize, nk: usize, scale: f32,
     );
 }
 
+/// [`RelationOps::flash_relation`](crate::RelationOps::flash_relation) on Flex: `Y` only.
+pub(crate) fn forward((p1, p2, info, lambda, scale, inv_tau): FlashArgs<FlexTensor>) -> FlexTensor {
+    launch_forward(p1, p2, info, lambda, scale, inv_tau, false).y
+}
+
+/// [`RelationOps::flash_relation_fwd`](crate::RelationOps::flash_relation_fwd) on Flex:
+/// `(Y, Ī, stats)`.
+pub(crate) fn forward_with_stats(
+    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FlexTensor>,
+) -> FlashForward<Flex> {
+    let out = launch_forward(p1, p2, info, lambda, scale, inv_tau, true);
+    (out.y, out.ibar, out.stats)
+}
+
 /// FlashRelation forward (see the module docs).
 ///
 /// # Shapes
 /// - `p1`, `p2`, `info`: `[B, T, H, D]`; `lambda`: `[1]`
 /// - outputs as [`Forward`]
-pub(crate) fn forward(
+fn launch_forward(
     p1: FlexTensor,
     p2: FlexTensor,
     info: FlexTensor,
@@ -102,6 +118,13 @@ pub(crate) fn forward(
 ) -> Forward {
     launches::record(&launches::FLASH_RELATION_FWD);
     let dims = dims4(&p1);
+    tracing::trace!(
+        ?dims,
+        BLOCK_Q,
+        BLOCK_K,
+        threads = rayon::current_num_threads(),
+        "flash_relation forward (flex)"
+    );
     let [b, t, h, d] = dims;
     let dtype = p1.dtype();
     let lambda = read_f32(&lambda)[0];
@@ -237,18 +260,12 @@ fn forward_block(head: Head<'_>, i0: usize, rows: Rows<'_>, lambda: f32, scale: 
 /// # Shapes
 /// - `p1`, `p2`, `info`, `ibar`, `dy`: `[B, T, H, D]`; `lambda`: `[1]`; `stats`: `[B, T, H, 3]`
 /// - outputs: like `p1`, `p2`, `info`, `lambda`
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn backward(
-    p1: FlexTensor,
-    p2: FlexTensor,
-    info: FlexTensor,
-    lambda: FlexTensor,
+    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FlexTensor>,
     ibar: FlexTensor,
     stats: FlexTensor,
     dy: FlexTensor,
-    scale: f32,
-    inv_tau: f32,
-) -> (FlexTensor, FlexTensor, FlexTensor, FlexTensor) {
+) -> FlashGrads<Flex> {
     launches::record(&launches::FLASH_RELATION_BWD);
     let dims = dims4(&p1);
     let [b, t, h, d] = dims;

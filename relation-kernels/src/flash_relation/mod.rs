@@ -1,7 +1,10 @@
 //! Tensor-level entry points of FlashRelation.
 
+pub(crate) mod autodiff;
 #[cfg(feature = "cube")]
 pub(crate) mod cube;
+#[cfg(feature = "cube")]
+mod cube_backward;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
 

@@ -13,7 +13,7 @@
 //! with no `T x T` term. Each kernel owns either the columns or the rows of `C`, chosen so that
 //! every sum is local to a unit (no cross-unit reductions, no atomics: deterministic). Where a
 //! cube cannot have `D` units (CubeCL's CPU runtime: one thread per unit, as many as cores; see
-//! [`crate::cube::column_units`]), unit `u` owns the `lanes` columns (rows) `u + m * units`, one
+//! [`crate::tile::cube::column_units`]), unit `u` owns the `lanes` columns (rows) `u + m * units`, one
 //! after another, with the same arithmetic per column; on a GPU `lanes = 1` and the lane loop is
 //! unrolled away.
 //!
@@ -40,8 +40,10 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use crate::cube::{column_units, empty_like, load_lanes, load_rows, store_lanes};
 use crate::launches;
+use crate::tile::cube::{
+    column_units, empty_like, load_head_rows, load_lanes, load_tokens, store_lanes,
+};
 
 /// Tokens per shared-memory tile.
 const TOKENS: usize = 16;
@@ -81,54 +83,10 @@ fn linear_relation_fwd_kernel<F: Float>(
 
     for tile in 0..seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_rows::<F>(
-            q,
-            &mut q_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
-        load_rows::<F>(
-            k,
-            &mut k_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
-        load_rows::<F>(
-            g,
-            &mut a_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            true,
-        );
-        load_rows::<F>(
-            v,
-            &mut v_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
+        load_head_rows::<F>(q, &mut q_tile, base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(k, &mut k_tile, base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(g, &mut a_tile, base, t0, TOKENS, head_dim, true);
+        load_head_rows::<F>(v, &mut v_tile, base, t0, TOKENS, head_dim, false);
         sync_cube();
         let mut n = seq - t0;
         if n > TOKENS {
@@ -195,18 +153,7 @@ fn linear_relation_dq_kernel<F: Float>(
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     for tile in 0..seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_rows::<F>(
-            v,
-            &mut v_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
+        load_head_rows::<F>(v, &mut v_tile, base, t0, TOKENS, head_dim, false);
         // dy rows of the bundled gradient [B, H, T + D, D]: row stride D from `out_base`.
         load_rows::<F>(
             d_out,
@@ -286,18 +233,7 @@ fn linear_relation_dk_kernel<F: Float>(
     let tiles = seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_rows::<F>(
-            v,
-            &mut v_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
+        load_head_rows::<F>(v, &mut v_tile, base, t0, TOKENS, head_dim, false);
         // dy rows of the bundled gradient [B, H, T + D, D]: row stride D from `out_base`.
         load_rows::<F>(
             d_out,
@@ -379,42 +315,9 @@ fn linear_relation_dv_kernel<F: Float>(
     let tiles = seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_rows::<F>(
-            q,
-            &mut q_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
-        load_rows::<F>(
-            k,
-            &mut k_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
-        load_rows::<F>(
-            g,
-            &mut a_tile,
-            base,
-            row_stride,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            true,
-        );
+        load_head_rows::<F>(q, &mut q_tile, base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(k, &mut k_tile, base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(g, &mut a_tile, base, t0, TOKENS, head_dim, true);
         sync_cube();
         let mut n = seq - t0;
         if n > TOKENS {

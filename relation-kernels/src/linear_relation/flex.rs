@@ -12,9 +12,8 @@
 //! multiply-adds per state element (decay, read, write), vectorised across the value channels.
 //! The chunk form would instead pay `L^2 D` pairwise decays `e^{b_t - b_j}` per chunk (they
 //! cannot be factored without overflow under strong gates) on top of the same `L D^2` state
-//! products. So both [`RelationOps::linear_relation`](crate::RelationOps::linear_relation) and
-//! [`RelationOps::chunk_linear_relation`](crate::RelationOps::chunk_linear_relation) run this
-//! scan on Flex; the result does not depend on the chunk size (beyond the reference's rounding).
+//! products. So every [`LinearRelationMode`] runs this scan on Flex; the result does not depend
+//! on the chunk size (beyond the reference's rounding).
 //! Heads `(b, h)` are independent tasks on the thread pool, each owning its output slice, so the
 //! bits do not depend on the thread count.
 //!
@@ -32,14 +31,17 @@
 //! tokens, then each stretch of `K` tokens is recomputed into a buffer before it is walked back,
 //! so memory is `O(√T D^2)` per head and the work one extra forward pass.
 
-use std::sync::atomic::AtomicUsize;
-
+use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 use rayon::prelude::*;
 
-use crate::flex::{LANES, dims4, gather_heads, output, read_f32, scatter_heads, simd, tensor};
+use crate::LinearRelationMode;
 use crate::launches;
+use crate::ops::{LinearArgs, LinearGrads};
+use crate::tile::flex::{
+    LANES, dims4, gather_heads, output, read_f32, scatter_heads, simd, tensor,
+};
 
 /// The inputs of one head, heads-first `[T, D]` each, and `D`.
 #[derive(Clone, Copy)]
@@ -92,20 +94,20 @@ impl Head<'_> {
     }
 }
 
-/// Forward: the bundled output `[B, H, T + D, D]` (rows `0..T` are `y`, rows `T..` the final
-/// state), in `q`'s dtype. `counter` is the launch counter of the trait method that asked.
+/// [`RelationOps::linear_relation`](crate::RelationOps::linear_relation) on Flex: the bundled
+/// output `[B, H, T + D, D]` (rows `0..T` are `y`, rows `T..` the final state), in `q`'s dtype.
+/// Every mode runs the same scan (see the module docs); the mode only picks the launch counter.
 ///
 /// # Shapes
 /// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`
 pub(crate) fn forward(
-    q: FlexTensor,
-    k: FlexTensor,
-    v: FlexTensor,
-    g: FlexTensor,
-    h0: FlexTensor,
-    counter: &AtomicUsize,
+    (q, k, v, g, h0): LinearArgs<FlexTensor>,
+    mode: LinearRelationMode,
 ) -> FlexTensor {
-    launches::record(counter);
+    launches::record(match mode {
+        LinearRelationMode::Recurrent => &launches::LINEAR_RELATION_FWD,
+        LinearRelationMode::Chunked { .. } => &launches::CHUNK_LINEAR_RELATION_FWD,
+    });
     let [b, t, h, d] = dims4(&q);
     let dtype = q.dtype();
     let (q, k, v, g) = (
@@ -149,15 +151,15 @@ pub(crate) fn forward(
 /// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`; `d_out`: `[B, H, T + D, D]`
 /// - outputs: like `q`, `k`, `v`, `g`, `h0`
 pub(crate) fn backward(
-    q: FlexTensor,
-    k: FlexTensor,
-    v: FlexTensor,
-    g: FlexTensor,
-    h0: FlexTensor,
+    (q, k, v, g, h0): LinearArgs<FlexTensor>,
+    _out: FlexTensor,
     d_out: FlexTensor,
-    counter: &AtomicUsize,
-) -> (FlexTensor, FlexTensor, FlexTensor, FlexTensor, FlexTensor) {
-    launches::record(counter);
+    mode: LinearRelationMode,
+) -> LinearGrads<Flex> {
+    launches::record(match mode {
+        LinearRelationMode::Recurrent => &launches::LINEAR_RELATION_BWD,
+        LinearRelationMode::Chunked { .. } => &launches::CHUNK_LINEAR_RELATION_BWD,
+    });
     let dims = dims4(&q);
     let [b, t, h, d] = dims;
     let dtype = q.dtype();

@@ -1,9 +1,14 @@
 //! Tensor-level entry points of Linear Relation.
 
+pub(crate) mod autodiff;
 #[cfg(feature = "cube")]
-pub(crate) mod cube_chunk;
+pub(crate) mod cube;
 #[cfg(feature = "cube")]
-pub(crate) mod cube_recurrent;
+mod cube_chunk;
+#[cfg(feature = "cube")]
+mod cube_chunk_backward;
+#[cfg(feature = "cube")]
+mod cube_recurrent;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
 
@@ -172,12 +177,7 @@ fn fused(
         log_alpha.into_dispatch(),
         state.into_dispatch(),
     );
-    let out = Tensor::<4>::from_dispatch(match mode {
-        LinearRelationMode::Recurrent => Dispatch::linear_relation(q, k, v, g, h0),
-        LinearRelationMode::Chunked { chunk_size } => {
-            Dispatch::chunk_linear_relation(q, k, v, g, h0, chunk_size)
-        }
-    }); // [B, H, T + D, D]
+    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation(q, k, v, g, h0, mode)); // [B, H, T + D, D]
     Ok(LinearRelationOutput {
         y: out.clone().narrow(2, 0, t).swap_dims(1, 2), // [B, T, H, D]
         state: out.narrow(2, t, d),                     // [B, H, D, D]

@@ -14,8 +14,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
-use crate::flex::{exp, max_of, output, simd, tensor, with_f32};
 use crate::launches;
+use crate::tile::flex::{exp, max_of, output, simd, tensor, with_f32};
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
 const ELEMS_PER_TASK: usize = 16 * 1024;
@@ -158,10 +158,10 @@ pub(crate) fn cross_entropy_fwd(
     )
 }
 
-/// `sum_v e^{x_v - m}`, in [`crate::flex::LANES`] partial sums (fixed order: deterministic).
+/// `sum_v e^{x_v - m}`, in [`crate::tile::flex::LANES`] partial sums (fixed order: deterministic).
 #[inline(always)]
 fn sum_exp(x: &[f32], m: f32) -> f32 {
-    use crate::flex::LANES;
+    use crate::tile::flex::LANES;
     let mut lanes = [0.0f32; LANES];
     let mut chunks = x.chunks_exact(LANES);
     for chunk in &mut chunks {

@@ -4,8 +4,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 use rayon::prelude::*;
 
-use crate::flex::{dims4, output, read_f32, sigmoid, tensor};
 use crate::launches;
+use crate::tile::flex::{dims4, output, read_f32, sigmoid, tensor};
 
 /// Rows per parallel task.
 const ROWS_PER_TASK: usize = 1024;

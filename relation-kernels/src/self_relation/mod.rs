@@ -1,5 +1,6 @@
 //! Tensor-level entry point of the Self relation.
 
+pub(crate) mod autodiff;
 #[cfg(feature = "cube")]
 pub(crate) mod cube;
 #[cfg(feature = "flex")]

@@ -1,5 +1,5 @@
-//! Flex (pure-Rust CPU) kernels: what they share, and the [`RelationOps`] implementation for
-//! [`Flex`] that delegates to them.
+//! What the Flex (pure-Rust CPU) kernels share: heads-first f32 tiles in and out of Flex
+//! storage, the tile GEMM, and the vectorised element-wise maths.
 //!
 //! The kernels themselves live with their operation (`flash_relation/flex.rs`,
 //! `linear_relation/flex.rs`, `self_relation/flex.rs`). They all follow one pattern:
@@ -16,15 +16,8 @@
 //! Output buffers come from [`output`], which fills them with NaN while
 //! [`crate::debug::poison_outputs`] is on, so an element a kernel forgets to write fails the tests.
 
-use burn::backend::Flex;
 use burn::backend::flex::{FlexTensor, Layout};
-use burn::backend::tensor::FloatTensor;
 use burn::tensor::{Bytes, DType, Shape, bf16, f16};
-
-use crate::flash_relation::flex as flash_relation;
-use crate::linear_relation::flex as linear_relation;
-use crate::self_relation::flex as self_relation;
-use crate::{RelationOps, launches};
 
 /// `[B, T, H, D]` of a rank-4 Flex tensor.
 pub(crate) fn dims4(x: &FlexTensor) -> [usize; 4] {
@@ -284,116 +277,5 @@ pub(crate) fn gemm(
             false,
             gemm::Parallelism::None,
         );
-    }
-}
-
-impl RelationOps for Flex {
-    fn self_relation(
-        p1: FloatTensor<Self>,
-        p2: FloatTensor<Self>,
-        scale: f32,
-    ) -> FloatTensor<Self> {
-        self_relation::forward(p1, p2, scale)
-    }
-
-    fn flash_relation(
-        p1: FloatTensor<Self>,
-        p2: FloatTensor<Self>,
-        info: FloatTensor<Self>,
-        lambda: FloatTensor<Self>,
-        scale: f32,
-        inv_tau: f32,
-    ) -> FloatTensor<Self> {
-        flash_relation::forward(p1, p2, info, lambda, scale, inv_tau, false).y
-    }
-
-    fn flash_relation_fwd(
-        p1: FloatTensor<Self>,
-        p2: FloatTensor<Self>,
-        info: FloatTensor<Self>,
-        lambda: FloatTensor<Self>,
-        scale: f32,
-        inv_tau: f32,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let out = flash_relation::forward(p1, p2, info, lambda, scale, inv_tau, true);
-        (out.y, out.ibar, out.stats)
-    }
-
-    fn flash_relation_bwd(
-        p1: FloatTensor<Self>,
-        p2: FloatTensor<Self>,
-        info: FloatTensor<Self>,
-        lambda: FloatTensor<Self>,
-        ibar: FloatTensor<Self>,
-        stats: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-        scale: f32,
-        inv_tau: f32,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-    ) {
-        flash_relation::backward(p1, p2, info, lambda, ibar, stats, dy, scale, inv_tau)
-    }
-
-    fn linear_relation(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        g: FloatTensor<Self>,
-        h0: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        linear_relation::forward(q, k, v, g, h0, &launches::LINEAR_RELATION_FWD)
-    }
-
-    fn chunk_linear_relation(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        g: FloatTensor<Self>,
-        h0: FloatTensor<Self>,
-        _chunk_size: usize,
-    ) -> FloatTensor<Self> {
-        // On the CPU the chunk size does not change the algorithm (see linear_relation/flex.rs).
-        linear_relation::forward(q, k, v, g, h0, &launches::CHUNK_LINEAR_RELATION_FWD)
-    }
-
-    fn linear_relation_bwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        g: FloatTensor<Self>,
-        h0: FloatTensor<Self>,
-        _out: FloatTensor<Self>,
-        d_out: FloatTensor<Self>,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-    ) {
-        linear_relation::backward(q, k, v, g, h0, d_out, &launches::LINEAR_RELATION_BWD)
-    }
-
-    fn chunk_linear_relation_bwd(
-        q: FloatTensor<Self>,
-        k: FloatTensor<Self>,
-        v: FloatTensor<Self>,
-        g: FloatTensor<Self>,
-        h0: FloatTensor<Self>,
-        _out: FloatTensor<Self>,
-        d_out: FloatTensor<Self>,
-        _chunk_size: usize,
-    ) -> (
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-        FloatTensor<Self>,
-    ) {
-        linear_relation::backward(q, k, v, g, h0, d_out, &launches::CHUNK_LINEAR_RELATION_BWD)
     }
 }
