@@ -1,5 +1,4 @@
-//! Relation language models on Burn: the paper's architecture (spec §5), Hybrid stacks, the
-//! attention baselines, and incremental decoding with the Relation Cache.
+#![doc = include_str!("../README.md")]
 //!
 //! # Modules
 //!
