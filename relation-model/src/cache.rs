@@ -112,21 +112,16 @@ impl LayerCache {
     ///
     /// # Errors
     /// [`ModelError::WrongCache`] for another kind.
-    pub(crate) fn append_full(
-        &mut self,
-        p2: Tensor<4>,
-        info: Tensor<4>,
-    ) -> Result<(Tensor<4>, Tensor<4>)> {
-        let old = self.take_as("full", |cache| match cache {
-            Self::Full { p2, info } => Some((p2, info)),
-            _ => None,
-        })?;
-        let (p2, info) = append_tokens(old, p2, info);
-        *self = Self::Full {
-            p2: p2.clone(),
-            info: info.clone(),
-        };
-        Ok((p2, info))
+    pub(crate) fn append_full(&mut self, p2: Tensor<4>, info: Tensor<4>) -> Result<TokenPair> {
+        self.append(
+            "full",
+            (p2, info),
+            |cache| match cache {
+                Self::Full { p2, info } => Some((p2, info)),
+                _ => None,
+            },
+            |(p2, info)| Self::Full { p2, info },
+        )
     }
 
     /// Appends new keys (after RoPE) and values (`[B, n, H, D]` each) to an attention cache and
@@ -134,39 +129,41 @@ impl LayerCache {
     ///
     /// # Errors
     /// [`ModelError::WrongCache`] for another kind.
-    pub(crate) fn append_attention(
+    pub(crate) fn append_attention(&mut self, k: Tensor<4>, v: Tensor<4>) -> Result<TokenPair> {
+        self.append(
+            "attention",
+            (k, v),
+            |cache| match cache {
+                Self::Attention { k, v } => Some((k, v)),
+                _ => None,
+            },
+            |(k, v)| Self::Attention { k, v },
+        )
+    }
+
+    /// Appends `new` (`[B, n, H, D]` each) after the cached pair of the `expected` kind along
+    /// the token axis, stores the result with `store` and returns it, `[B, T + n, H, D]` each.
+    fn append(
         &mut self,
-        k: Tensor<4>,
-        v: Tensor<4>,
-    ) -> Result<(Tensor<4>, Tensor<4>)> {
-        let old = self.take_as("attention", |cache| match cache {
-            Self::Attention { k, v } => Some((k, v)),
-            _ => None,
-        })?;
-        let (k, v) = append_tokens(old, k, v);
-        *self = Self::Attention {
-            k: k.clone(),
-            v: v.clone(),
+        expected: &'static str,
+        (a, b): TokenPair,
+        contents: fn(Self) -> Option<TokenPair>,
+        store: fn(TokenPair) -> Self,
+    ) -> Result<TokenPair> {
+        let all = match self.take_as(expected, contents)? {
+            None => (a, b),
+            Some((old_a, old_b)) => (
+                Tensor::cat(vec![old_a, a], 1), // [B, T + n, H, D]
+                Tensor::cat(vec![old_b, b], 1), // [B, T + n, H, D]
+            ),
         };
-        Ok((k, v))
+        *self = store(all.clone());
+        Ok(all)
     }
 }
 
-/// `old` (`[B, T, H, D]` each, or nothing) followed by the new tokens (`[B, n, H, D]` each) along
-/// the token axis.
-fn append_tokens(
-    old: Option<(Tensor<4>, Tensor<4>)>,
-    a: Tensor<4>,
-    b: Tensor<4>,
-) -> (Tensor<4>, Tensor<4>) {
-    match old {
-        None => (a, b),
-        Some((old_a, old_b)) => (
-            Tensor::cat(vec![old_a, a], 1), // [B, T + n, H, D]
-            Tensor::cat(vec![old_b, b], 1), // [B, T + n, H, D]
-        ),
-    }
-}
+/// Two per-token tensors cached side by side (`P2` and `Ĩ`, or `K` and `V`), `[B, T, H, D]` each.
+type TokenPair = (Tensor<4>, Tensor<4>);
 
 /// The caches of every layer of a model, plus the number of tokens consumed.
 #[derive(Debug, Clone, Default)]

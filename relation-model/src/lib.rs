@@ -2,13 +2,13 @@
 //!
 //! # Modules
 //!
-//! - [`config`]: [`RelationLmConfig`], its validation and the paper's presets.
-//! - [`layers`]: the six mixers, each a `Module` built by its `Config`, the parts the Relation
+//! - [`config`] holds [`RelationLmConfig`], its validation and the paper's presets.
+//! - [`layers`] holds the six mixers, each a `Module` built by its `Config`, the parts the Relation
 //!   mixers share ([`layers::RelationProjection`], [`layers::LogDecayGate`]) and SwiGLU.
-//! - [`model`]: [`RelationLm`], its blocks, save/load and safetensors export/import.
-//! - [`cache`]: the per-layer caches of incremental decoding ([`LmCache`]).
-//! - [`generate`]: sampling ([`Sampling`]).
-//! - [`error`]: [`ModelError`].
+//! - [`model`] holds [`RelationLm`], its blocks, save/load and safetensors export/import.
+//! - [`cache`] holds the per-layer caches of incremental decoding ([`LmCache`]).
+//! - [`generate`] holds sampling ([`Sampling`]).
+//! - [`error`] holds [`ModelError`].
 
 pub mod cache;
 pub mod config;
