@@ -38,3 +38,7 @@ pub const DEFAULT_TAU: f64 = 2.0;
 
 /// Initial count-calibration strength `lambda` of the paper (one learned scalar per layer).
 pub const DEFAULT_LAMBDA: f64 = 0.5;
+
+/// RoPE base of the paper: channel pair `k` turns by `base^(-2k / D)` per position
+/// (the same value as [`ROPE_BASE`], named beside the other defaults for model configs).
+pub const DEFAULT_ROPE_BASE: f64 = ROPE_BASE;

@@ -1,6 +1,8 @@
 //! Model configuration, validation and the paper's presets.
 
 use burn::config::Config;
+use relation_kernels::LinearRelationMode;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ModelError;
 
@@ -38,8 +40,14 @@ impl MixerKind {
 
 /// Configuration of a [`RelationLm`](crate::RelationLm).
 ///
-/// Saved as JSON beside checkpoints (`config.save(path)`, `RelationLmConfig::load(path)`).
-#[derive(Config, Debug, PartialEq)]
+/// Saved as JSON beside checkpoints (`config.save(path)`, `RelationLmConfig::load(path)`, or
+/// `serde_json`). Built like a Burn config: `RelationLmConfig::new(vocab, d, layers, heads, d_ff)`
+/// then `with_…` for any default; the defaults are the paper's (spec §5).
+///
+/// Burn's `#[derive(Config)]` would make every field required in JSON; this struct derives serde
+/// itself so that a field added later ([`linear_mode`](Self::linear_mode)) takes its default
+/// when a `model.json` written before it lacks it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RelationLmConfig {
     /// Vocabulary size (4096 in the paper's TinyStories runs).
     pub vocab_size: usize,
@@ -53,34 +61,96 @@ pub struct RelationLmConfig {
     pub d_ff: usize,
     /// Mixer letters, repeated to `n_layers`: `F` Full Relation, `L` Linear Relation, `A`
     /// attention, `R` RealFormer, `N` RetNet retention, `K` Kimi Delta Attention. `"F"` is all
-    /// Full Relation, `"LLLF"` the paper's Hybrid, `"A"` the MHA baseline.
-    #[config(default = "String::from(\"F\")")]
+    /// Full Relation, `"LLLF"` the paper's Hybrid, `"A"` the MHA baseline. Default: `"F"`.
     pub pattern: String,
-    /// Self temperature `tau_S`. Default: 2 (fixed, not learned).
-    #[config(default = 2.0)]
+    /// Self temperature `tau_S`. Default: [`relation_core::DEFAULT_TAU`] (2, fixed, not learned).
     pub tau: f64,
-    /// Initial count-calibration `lambda` of every Full Relation layer. Default: 0.5.
-    #[config(default = 0.5)]
+    /// Initial count-calibration `lambda` of every Full Relation layer. Default:
+    /// [`relation_core::DEFAULT_LAMBDA`] (0.5).
     pub lambda_init: f64,
-    /// RoPE base. Default: 1e4.
-    #[config(default = 1e4)]
+    /// RoPE base. Default: [`relation_core::DEFAULT_ROPE_BASE`] (1e4).
     pub rope_base: f64,
     /// RMSNorm epsilon. Default: 1e-6.
-    #[config(default = 1e-6)]
     pub norm_eps: f64,
     /// Rank of the Linear Relation retention projection `W_up W_down`. Default: 0 = head dim.
-    #[config(default = 0)]
     pub gate_rank: usize,
     /// Whether the count-calibration `lambda` of the Full Relation layers is learned. `false`
     /// keeps it at [`lambda_init`](Self::lambda_init) (with `lambda_init = 0`, the ablation
     /// "no count calibration"). Default: true.
-    #[config(default = true)]
     pub lambda_trainable: bool,
     /// Givens mixing of the information heads (spec §2) in the Full and Linear Relation layers.
     /// `false` is the ablation "no Givens"; it also lifts the even-head rule, so `n_heads = 1`
     /// is the single-head Relation. Default: true.
-    #[config(default = true)]
     pub givens: bool,
+    /// How the Linear Relation (`L`) layers run: `recurrent` or `chunked:N` (N in 16, 32, 64);
+    /// the same function, other speed and rounding. Default: [`LinearRelationMode::Recurrent`]
+    /// (also when a saved `model.json` has no such field).
+    #[serde(default)]
+    pub linear_mode: LinearRelationMode,
+}
+
+/// `with_…` setters for the fields that have defaults, in the style of Burn's config builders.
+macro_rules! with_fields {
+    ($($setter:ident => $field:ident: $ty:ty),* $(,)?) => {
+        impl RelationLmConfig {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                pub fn $setter(mut self, $field: $ty) -> Self {
+                    self.$field = $field;
+                    self
+                }
+            )*
+        }
+    };
+}
+
+with_fields! {
+    with_pattern => pattern: String,
+    with_tau => tau: f64,
+    with_lambda_init => lambda_init: f64,
+    with_rope_base => rope_base: f64,
+    with_norm_eps => norm_eps: f64,
+    with_gate_rank => gate_rank: usize,
+    with_lambda_trainable => lambda_trainable: bool,
+    with_givens => givens: bool,
+    with_linear_mode => linear_mode: LinearRelationMode,
+}
+
+impl Config for RelationLmConfig {}
+
+impl std::fmt::Display for RelationLmConfig {
+    /// The JSON form, as saved.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&burn::config::config_to_json(self))
+    }
+}
+
+impl RelationLmConfig {
+    /// A configuration with the required sizes and every other field at its default.
+    pub fn new(
+        vocab_size: usize,
+        d_model: usize,
+        n_layers: usize,
+        n_heads: usize,
+        d_ff: usize,
+    ) -> Self {
+        Self {
+            vocab_size,
+            d_model,
+            n_layers,
+            n_heads,
+            d_ff,
+            pattern: String::from("F"),
+            tau: relation_core::DEFAULT_TAU,
+            lambda_init: relation_core::DEFAULT_LAMBDA,
+            rope_base: relation_core::DEFAULT_ROPE_BASE,
+            norm_eps: 1e-6,
+            gate_rank: 0,
+            lambda_trainable: true,
+            givens: true,
+            linear_mode: LinearRelationMode::default(),
+        }
+    }
 }
 
 impl RelationLmConfig {
@@ -144,6 +214,7 @@ impl RelationLmConfig {
         }
         check_heads(self.d_model, self.n_heads, self.givens)?;
         relation_core::check::tau(self.tau)?;
+        crate::layers::check_linear_mode(self.linear_mode)?;
         self.mixers().map(|_| ())
     }
 

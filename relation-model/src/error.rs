@@ -1,7 +1,7 @@
 //! Typed errors of model configuration and use.
 
 use relation_core::RelationError;
-use relation_kernels::KernelError;
+use relation_kernels::{KernelError, LinearRelationMode};
 use thiserror::Error;
 
 /// Why a model refused its configuration or inputs.
@@ -58,6 +58,25 @@ pub enum ModelError {
     /// A cache used with another batch size or model than it was made for.
     #[error("cache mismatch: {0}")]
     CacheMismatch(String),
+    /// A layer given the cache of another kind of layer (e.g. a Linear Relation state for a Full
+    /// Relation layer): decoding with it would silently restart the sequence.
+    #[error(
+        "wrong cache kind: this layer keeps a `{expected}` cache, got a `{given}` one (an empty cache starts a sequence)"
+    )]
+    WrongCache {
+        /// The kind the layer keeps (`full`, `linear` or `attention`).
+        expected: &'static str,
+        /// The kind it was given.
+        given: &'static str,
+    },
+    /// The Linear Relation mode of the configuration is not one the kernels run.
+    #[error("linear_mode = {mode}: {source}")]
+    LinearMode {
+        /// The mode as configured.
+        mode: LinearRelationMode,
+        /// Why the kernels refuse it (names the allowed chunk sizes).
+        source: KernelError,
+    },
     /// A sampling setting out of range.
     #[error("invalid sampling setting: {0}")]
     Sampling(String),

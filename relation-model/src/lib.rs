@@ -1,15 +1,14 @@
-//! # relation-model
+#![doc = include_str!("../README.md")]
 //!
-//! Relation language models on Burn: the paper's architecture (spec §5), Hybrid stacks, the MHA
-//! baseline, and incremental decoding with the Relation Cache. Model code is backend-free: the
-//! mixers call `relation-kernels`' Tensor-level functions, which run fused CubeCL kernels where
-//! the device has them and the `relation-core` references elsewhere.
+//! # Modules
 //!
-//! ```text
-//! RelationLm: tokens -> Embedding -> [RMSNorm -> mixer -> +, RMSNorm -> SwiGLU -> +] x L
-//!             -> RMSNorm -> tied output projection -> logits
-//! mixer per layer from a pattern: F Full Relation, L Linear Relation, A attention
-//! ```
+//! - [`config`] holds [`RelationLmConfig`], its validation and the paper's presets.
+//! - [`layers`] holds the six mixers, each a `Module` built by its `Config`, the parts the Relation
+//!   mixers share ([`layers::RelationProjection`], [`layers::LogDecayGate`]) and SwiGLU.
+//! - [`model`] holds [`RelationLm`], its blocks, save/load and safetensors export/import.
+//! - [`cache`] holds the per-layer caches of incremental decoding ([`LmCache`]).
+//! - [`generate`] holds sampling ([`Sampling`]).
+//! - [`error`] holds [`ModelError`].
 
 pub mod cache;
 pub mod config;
@@ -23,7 +22,10 @@ pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};
 pub use generate::Sampling;
 pub use layers::{
-    CausalSelfAttention, CausalSelfAttentionConfig, LinearRelation, LinearRelationConfig,
-    MultiHeadRelation, MultiHeadRelationConfig,
+    CausalSelfAttention, CausalSelfAttentionConfig, KimiDeltaAttention, KimiDeltaAttentionConfig,
+    LinearRelation, LinearRelationConfig, LogDecayGate, LogDecayGateConfig, MultiHeadRelation,
+    MultiHeadRelationConfig, RealFormerAttention, RealFormerAttentionConfig, RelationProjection,
+    RelationProjectionConfig, Retention, RetentionConfig,
 };
 pub use model::{Block, Mixer, RelationLm};
+pub use relation_kernels::LinearRelationMode;

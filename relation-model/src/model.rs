@@ -11,10 +11,10 @@ use burn::tensor::{Device, Int, Tensor};
 use crate::cache::{LayerCache, LmCache};
 use crate::config::{MixerKind, RelationLmConfig};
 use crate::error::{ModelError, Result};
-use crate::layers::{CausalSelfAttention, LinearRelation, MultiHeadRelation};
 use crate::layers::{
-    CausalSelfAttentionConfig, KimiDeltaAttention, LinearRelationConfig, MultiHeadRelationConfig,
-    RealFormerAttention, Retention, SwiGlu,
+    CausalSelfAttention, CausalSelfAttentionConfig, KimiDeltaAttention, KimiDeltaAttentionConfig,
+    LinearRelation, LinearRelationConfig, MultiHeadRelation, MultiHeadRelationConfig,
+    RealFormerAttention, RealFormerAttentionConfig, Retention, RetentionConfig, SwiGlu,
 };
 
 /// The token mixer of one block.
@@ -107,7 +107,7 @@ impl RelationLmConfig {
                 .with_epsilon(self.norm_eps)
                 .init(device)
         };
-        let (h, tau) = (self.n_heads, self.tau);
+        let (h, tau, rope_base) = (self.n_heads, self.tau, self.rope_base);
         let mut blocks = Vec::with_capacity(self.n_layers);
         for (layer, kind) in self.mixers()?.into_iter().enumerate() {
             let mixer = match kind {
@@ -118,26 +118,41 @@ impl RelationLmConfig {
                         .with_lambda_init(self.lambda_init)
                         .with_lambda_trainable(self.lambda_trainable)
                         .with_givens(self.givens)
-                        .with_rope_base(self.rope_base)
+                        .with_rope_base(rope_base)
                         .init(device)?,
                 ),
                 MixerKind::Linear => Mixer::Linear(
                     LinearRelationConfig::new(d, h)
                         .with_layer(layer)
                         .with_tau(tau)
-                        .with_rope_base(self.rope_base)
+                        .with_rope_base(rope_base)
                         .with_gate_rank(self.gate_rank())
                         .with_givens(self.givens)
+                        .with_mode(self.linear_mode)
                         .init(device)?,
                 ),
                 MixerKind::Attention => Mixer::Attention(
                     CausalSelfAttentionConfig::new(d, h)
-                        .with_rope_base(self.rope_base)
+                        .with_rope_base(rope_base)
                         .init(device)?,
                 ),
-                MixerKind::RealFormer => Mixer::RealFormer(RealFormerAttention::new(self, device)),
-                MixerKind::Retention => Mixer::Retention(Retention::new(self, device)),
-                MixerKind::Kda => Mixer::Kda(KimiDeltaAttention::new(self, layer, 42, device)),
+                MixerKind::RealFormer => Mixer::RealFormer(
+                    RealFormerAttentionConfig::new(d, h)
+                        .with_rope_base(rope_base)
+                        .init(device)?,
+                ),
+                MixerKind::Retention => Mixer::Retention(
+                    RetentionConfig::new(d, h)
+                        .with_rope_base(rope_base)
+                        .init(device)?,
+                ),
+                MixerKind::Kda => Mixer::Kda(
+                    KimiDeltaAttentionConfig::new(d, h)
+                        .with_layer(layer)
+                        .with_rope_base(rope_base)
+                        .with_gate_rank(self.gate_rank())
+                        .init(device)?,
+                ),
             };
             blocks.push(Block {
                 norm_mixer: norm(),
@@ -207,7 +222,9 @@ impl RelationLm {
     /// - `tokens`: `[B, n]`, output: `[B, n, V]`
     ///
     /// # Errors
-    /// A cache made for another number of layers.
+    /// [`ModelError::CacheMismatch`] for a cache made for another number of layers;
+    /// [`ModelError::WrongCache`] for a layer cache of another kind than the layer keeps (a cache
+    /// from a model with another pattern).
     pub fn forward_cached(&self, tokens: Tensor<2, Int>, cache: &mut LmCache) -> Result<Tensor<3>> {
         if cache.layers.len() != self.blocks.len() {
             return Err(ModelError::CacheMismatch(format!(
@@ -285,7 +302,7 @@ impl RelationLm {
     }
 
     /// Exports the weights as safetensors (tensor names are the module paths, e.g.
-    /// `blocks.0.mixer.w1.weight`), through a temporary file renamed into place.
+    /// `blocks.0.mixer.projection.w1.weight`), through a temporary file renamed into place.
     ///
     /// # Errors
     /// [`ModelError::Io`] on any failure.

@@ -470,3 +470,92 @@ fn ablation_switches_do_what_they_say() {
     let diff = (base - hot).abs().max().into_scalar::<f64>();
     assert!(diff > 1e-6, "tau 1 vs 2 must change the logits ({diff})");
 }
+
+/// The Linear Relation mode is a configuration switch: chunked kernels give the recurrent
+/// logits, an unsupported chunk size is a typed error, and a `model.json` written before the
+/// field existed loads as recurrent.
+#[test]
+fn linear_mode_is_a_config_switch() {
+    use relation_model::LinearRelationMode;
+    let device = Device::flex();
+    let ids = tokens(2, 40, 97, 4, &device);
+    let recurrent = model(&tiny("L", 2), &device).forward(ids.clone()).unwrap();
+    let chunked_config = tiny("L", 2).with_linear_mode("chunked:32".parse().unwrap());
+    assert_eq!(
+        chunked_config.linear_mode,
+        LinearRelationMode::Chunked { chunk_size: 32 }
+    );
+    let chunked = model(&chunked_config, &device).forward(ids).unwrap();
+    assert_close(
+        "chunked:32 vs recurrent",
+        &chunked,
+        &recurrent,
+        tolerance(DType::F32, Check::Forward),
+    );
+
+    let bad = LinearRelationMode::Chunked { chunk_size: 48 };
+    for err in [
+        tiny("L", 2).with_linear_mode(bad).validate().unwrap_err(),
+        tiny("L", 2)
+            .with_linear_mode(bad)
+            .init(&device)
+            .unwrap_err(),
+        LinearRelationConfig::new(32, 4)
+            .with_mode(bad)
+            .init(&device)
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                &err,
+                ModelError::LinearMode {
+                    mode,
+                    source: relation_kernels::KernelError::UnsupportedChunkSize { chunk_size: 48, .. },
+                } if *mode == bad
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("chunked:48"), "{err}");
+    }
+
+    let old_json = r#"{"vocab_size": 97, "d_model": 32, "n_layers": 4, "n_heads": 4, "d_ff": 64,
+        "pattern": "LLLF", "tau": 2.0, "lambda_init": 0.5, "rope_base": 10000.0,
+        "norm_eps": 1e-6, "gate_rank": 0, "lambda_trainable": true, "givens": true}"#;
+    let loaded = RelationLmConfig::load_binary(old_json.as_bytes()).unwrap();
+    assert_eq!(loaded, tiny("LLLF", 4));
+    assert_eq!(loaded.linear_mode, LinearRelationMode::Recurrent);
+    let saved = tiny("L", 2).with_linear_mode(LinearRelationMode::CHUNKED);
+    let again = RelationLmConfig::load_binary(saved.to_string().as_bytes()).unwrap();
+    assert_eq!(again, saved);
+}
+
+/// A layer given the cache of another kind of layer refuses it, naming both kinds, and leaves
+/// it as it was; it never restarts the sequence silently.
+#[test]
+fn a_cache_of_another_kind_is_a_typed_error() {
+    let device = Device::flex();
+    let ids = tokens(1, 3, 97, 6, &device);
+    for (from, into, expected, given) in [
+        ("A", "F", "full", "attention"),
+        ("F", "L", "linear", "full"),
+        ("L", "A", "attention", "linear"),
+        ("F", "R", "attention", "full"),
+        ("A", "N", "linear", "attention"),
+        ("F", "K", "linear", "full"),
+    ] {
+        let source = model(&tiny(from, 1), &device);
+        let mut cache = source.new_cache();
+        source.forward_cached(ids.clone(), &mut cache).unwrap();
+        let err = model(&tiny(into, 1), &device)
+            .forward_cached(ids.clone(), &mut cache)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::WrongCache { expected, given },
+            "{from} cache into {into}"
+        );
+        assert!(err.to_string().contains(expected), "{err}");
+        assert_eq!(cache.layers[0].kind(), given, "the cache is left as it was");
+        assert_eq!(cache.len(), 3);
+    }
+}

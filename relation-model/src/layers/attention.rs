@@ -1,27 +1,18 @@
 //! Causal multi-head softmax attention with RoPE on `Q` and `K`: the `A` mixer (MHA baseline).
 
-use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, activation};
 
-use relation_core::rope;
-
-use super::{dense, linear, merge_heads, split_heads};
+use super::{QkvProjection, dense, linear, merge_heads};
 use crate::cache::LayerCache;
 
-/// Configuration of a [`CausalSelfAttention`] layer.
-#[derive(Config, Debug)]
-pub struct CausalSelfAttentionConfig {
-    /// Model width `d`.
-    pub d_model: usize,
-    /// Heads `H`.
-    pub n_heads: usize,
-    /// RoPE base. Default: 1e4.
-    #[config(default = 1e4)]
-    pub rope_base: f64,
+heads_config! {
+    mixer
+    /// Configuration of a [`CausalSelfAttention`] layer.
+    CausalSelfAttentionConfig
 }
 
 impl CausalSelfAttentionConfig {
@@ -30,59 +21,33 @@ impl CausalSelfAttentionConfig {
     /// # Errors
     /// Head layout errors ([`crate::config::check_heads`]).
     pub fn init(&self, device: &Device) -> crate::Result<CausalSelfAttention> {
-        crate::config::check_heads(self.d_model, self.n_heads, false)?;
-        let d = self.d_model;
         Ok(CausalSelfAttention {
-            wq: linear(d, d, device),
-            wk: linear(d, d, device),
-            wv: linear(d, d, device),
-            wo: linear(d, d, device),
-            heads: self.n_heads,
-            rope_base: self.rope_base,
+            qkv: self.qkv().init(device)?,
+            wo: linear(self.d_model, self.d_model, device),
         })
     }
 }
 
-/// Causal self-attention on the same backbone as Relation (bias-free, RoPE base 1e4).
+/// Causal self-attention on the same backbone as Relation (bias-free, RoPE on `Q` and `K`).
+/// Built by [`CausalSelfAttentionConfig`].
 #[derive(Module, Debug)]
 pub struct CausalSelfAttention {
-    /// Queries.
-    pub wq: Linear,
-    /// Keys.
-    pub wk: Linear,
-    /// Values.
-    pub wv: Linear,
+    /// Queries, keys (with RoPE) and values.
+    pub qkv: QkvProjection,
     /// Output projection.
     pub wo: Linear,
-    /// Heads `H`.
-    pub heads: usize,
-    /// RoPE base.
-    pub rope_base: f64,
 }
 
 impl CausalSelfAttention {
-    fn project(
-        &self,
-        x: Tensor<3>,
-        offset: usize,
-    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-        let q = rope(
-            split_heads(dense(&self.wq, x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        let k = rope(
-            split_heads(dense(&self.wk, x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        Ok((q, k, split_heads(dense(&self.wv, x), self.heads)))
-    }
-
+    /// Full-sequence causal forward (Burn's fused attention).
+    ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
+    ///
+    /// # Errors
+    /// A bad RoPE base.
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
-        let (q, k, v) = self.project(x, 0)?;
+        let (q, k, v) = self.qkv.forward(x, 0)?;
         let options = AttentionModuleOptions {
             scale: None,
             softcap: None,
@@ -104,18 +69,15 @@ impl CausalSelfAttention {
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
+    ///
+    /// # Errors
+    /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a K/V cache; a bad
+    /// RoPE base.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
-        let (q, k, v) = self.project(x, offset)?;
-        let (k, v) = match std::mem::take(cache) {
-            LayerCache::Attention { k: old_k, v: old_v } => (
-                Tensor::cat(vec![old_k, k], 1),
-                Tensor::cat(vec![old_v, v], 1),
-            ),
-            _ => (k, v),
-        };
-        let (y, _) = causal_rows(q, k.clone(), v.clone(), None);
-        *cache = LayerCache::Attention { k, v };
+        let (q, k, v) = self.qkv.forward(x, offset)?;
+        let (k, v) = cache.append_attention(k, v)?; // [B, T, H, D] each
+        let (y, _) = causal_rows(q, k, v, None);
         Ok(dense(&self.wo, merge_heads(y)))
     }
 }

@@ -7,7 +7,7 @@ use burn::tensor::{Device, Tensor};
 use relation_core::naive_relation_rows;
 use relation_kernels::{Strategy, flash_relation};
 
-use super::{dense, linear, merge_heads, relation_projections};
+use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`MultiHeadRelation`] layer.
@@ -20,14 +20,14 @@ pub struct MultiHeadRelationConfig {
     /// Index of the layer in its stack: chooses the Givens pairing. Default: 0.
     #[config(default = 0)]
     pub layer: usize,
-    /// Self temperature `tau_S`. Default: 2.
-    #[config(default = 2.0)]
+    /// Self temperature `tau_S`. Default: [`relation_core::DEFAULT_TAU`] (2).
+    #[config(default = "relation_core::DEFAULT_TAU")]
     pub tau: f64,
-    /// Initial `lambda`. Default: 0.5.
-    #[config(default = 0.5)]
+    /// Initial `lambda`. Default: [`relation_core::DEFAULT_LAMBDA`] (0.5).
+    #[config(default = "relation_core::DEFAULT_LAMBDA")]
     pub lambda_init: f64,
-    /// RoPE base. Default: 1e4.
-    #[config(default = 1e4)]
+    /// RoPE base. Default: [`relation_core::DEFAULT_ROPE_BASE`] (1e4).
+    #[config(default = "relation_core::DEFAULT_ROPE_BASE")]
     pub rope_base: f64,
     /// Whether `lambda` is learned (`false`: fixed at `lambda_init`). Default: true.
     #[config(default = true)]
@@ -47,19 +47,16 @@ impl MultiHeadRelationConfig {
         relation_core::check::tau(self.tau)?;
         let d = self.d_model;
         Ok(MultiHeadRelation {
-            w1: linear(d, d, device),
-            w2: linear(d, d, device),
-            wi: linear(d, d, device),
+            projection: RelationProjectionConfig::new(d, self.n_heads)
+                .with_layer(self.layer)
+                .with_rope_base(self.rope_base)
+                .with_givens(self.givens)
+                .init(device)?,
             wo: linear(d, d, device),
             lambda: Param::from_tensor(Tensor::from_data([self.lambda_init as f32], device)),
-            angles: self
-                .givens
-                .then(|| Param::from_tensor(Tensor::zeros([self.n_heads / 2], device))),
             lambda_trainable: self.lambda_trainable,
             layer: self.layer,
-            heads: self.n_heads,
             tau: self.tau,
-            rope_base: self.rope_base,
         })
     }
 }
@@ -71,28 +68,18 @@ impl MultiHeadRelationConfig {
 /// by the layer index (A on even layers, B on odd ones). Built by [`MultiHeadRelationConfig`].
 #[derive(Module, Debug)]
 pub struct MultiHeadRelation {
-    /// `P1 = X W1`.
-    pub w1: Linear,
-    /// `P2 = X W2`.
-    pub w2: Linear,
-    /// `I = X W_I`.
-    pub wi: Linear,
+    /// `P1`, `P2`, `Ĩ` (with RoPE and Givens mixing).
+    pub projection: RelationProjection,
     /// Output projection `W_O`.
     pub wo: Linear,
     /// Count calibration `lambda`, `[1]`, f32.
     pub lambda: Param<Tensor<1>>,
-    /// Givens angles, `[H / 2]`, f32; `None` without Givens mixing.
-    pub angles: Option<Param<Tensor<1>>>,
     /// Whether `lambda` is learned (otherwise it is detached: no gradient, never updated).
     pub lambda_trainable: bool,
-    /// Layer index (chooses the Givens pairing).
+    /// Layer index (the projection's Givens pairing).
     pub layer: usize,
-    /// Heads `H`.
-    pub heads: usize,
     /// `tau_S`.
     pub tau: f64,
-    /// RoPE base.
-    pub rope_base: f64,
 }
 
 impl MultiHeadRelation {
@@ -105,29 +92,12 @@ impl MultiHeadRelation {
         }
     }
 
-    /// `(rope(P1), rope(P2), Ĩ)` for tokens at positions `offset..`, each `[B, T, H, D]`.
-    fn project(
-        &self,
-        x: Tensor<3>,
-        offset: usize,
-    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-        relation_projections(
-            [&self.w1, &self.w2, &self.wi],
-            self.angles.as_ref().map(Param::val),
-            self.layer,
-            self.heads,
-            self.rope_base,
-            x,
-            offset,
-        )
-    }
-
     /// Full-sequence forward (training, prefill): the fused FlashRelation where available.
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
-        let (p1, p2, info) = self.project(x, 0)?;
+        let (p1, p2, info) = self.projection.forward(x, 0)?;
         let y = flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?;
         Ok(dense(&self.wo, merge_heads(y)))
     }
@@ -137,40 +107,28 @@ impl MultiHeadRelation {
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]` (the next `n` tokens), output: `[B, n, d]`
+    ///
+    /// # Errors
+    /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a Full Relation
+    /// cache; operator errors.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
-        let (p1, p2, info) = self.project(x, offset)?;
-        let (p2_all, info_all) = match std::mem::take(cache) {
-            LayerCache::Full {
-                p2: old_p2,
-                info: old_info,
-            } => (
-                Tensor::cat(vec![old_p2, p2], 1),
-                Tensor::cat(vec![old_info, info], 1),
-            ),
-            _ => (p2, info),
-        };
+        let (p1, p2, info) = self.projection.forward(x, offset)?;
+        // Rotated `P2` and `Ĩ` of every position so far, [B, offset + n, H, D] each.
+        let (p2_all, info_all) = cache.append_full(p2, info)?;
+        // A prefill from an empty cache is the full causal forward (fused); later chunks compute
+        // their rows against every cached position with the reference.
         let y = if offset == 0 {
             flash_relation(
                 p1,
-                p2_all.clone(),
-                info_all.clone(),
+                p2_all,
+                info_all,
                 self.lambda(),
                 self.tau,
                 Strategy::Auto,
             )?
         } else {
-            naive_relation_rows(
-                p1,
-                p2_all.clone(),
-                info_all.clone(),
-                self.lambda(),
-                self.tau,
-            )?
-        };
-        *cache = LayerCache::Full {
-            p2: p2_all,
-            info: info_all,
+            naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?
         };
         Ok(dense(&self.wo, merge_heads(y)))
     }

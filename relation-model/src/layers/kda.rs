@@ -7,16 +7,69 @@
 //! low-rank log retention as Linear Relation. Each head's output is RMS-normalised and gated by
 //! `sigmoid(x W_g)` before `W_O`. Token loop for training and decoding: correct, not fast.
 
-use burn::module::{Module, Param};
+use burn::config::Config;
+use burn::module::Module;
 use burn::nn::Linear;
-use burn::tensor::{Device, Tensor, TensorData, activation};
-use relation_core::{kda_log_gates, l2_normalize, rope};
+use burn::tensor::{Device, Tensor, activation};
 
-use super::{dense, linear, merge_heads, split_heads};
-use crate::Result;
+use relation_core::l2_normalize;
+
+use super::{
+    LogDecayGate, LogDecayGateConfig, dense, head_norm, linear, merge_heads, rope_heads,
+    split_heads,
+};
 use crate::cache::LayerCache;
 
-/// Kimi Delta Attention.
+/// Configuration of a [`KimiDeltaAttention`] layer.
+#[derive(Config, Debug)]
+pub struct KimiDeltaAttentionConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Heads `H` (`d / H` even).
+    pub n_heads: usize,
+    /// Index of the layer in its stack: mixed into the retention seed. Default: 0.
+    #[config(default = 0)]
+    pub layer: usize,
+    /// RoPE base of `q` and `k`. Default: [`relation_core::DEFAULT_ROPE_BASE`] (1e4).
+    #[config(default = "relation_core::DEFAULT_ROPE_BASE")]
+    pub rope_base: f64,
+    /// Rank of the retention projection `W_up W_down`. Default: 0 = the head dimension.
+    #[config(default = 0)]
+    pub gate_rank: usize,
+    /// Seed of the retention initialisation. Default: 42.
+    #[config(default = 42)]
+    pub seed: u64,
+}
+
+impl KimiDeltaAttentionConfig {
+    /// Builds the layer (retention initialised as in [`LinearRelation`](super::LinearRelation)).
+    ///
+    /// # Errors
+    /// Head layout errors ([`crate::config::check_heads`]).
+    pub fn init(&self, device: &Device) -> crate::Result<KimiDeltaAttention> {
+        crate::config::check_heads(self.d_model, self.n_heads, false)?;
+        let (d, h) = (self.d_model, self.n_heads);
+        // Weights are drawn lazily at first use; see `LinearRelationConfig::init`.
+        Ok(KimiDeltaAttention {
+            wq: linear(d, d, device),
+            wk: linear(d, d, device),
+            wv: linear(d, d, device),
+            wbeta: linear(d, h, device),
+            wg: linear(d, d, device),
+            wo: linear(d, d, device),
+            // Another odd constant than Linear Relation's, so that an `L` and a `K` layer at the
+            // same index draw different retentions.
+            gate: LogDecayGateConfig::new(d, h)
+                .with_rank(self.gate_rank)
+                .with_seed(self.seed ^ (self.layer as u64).wrapping_mul(0x51ED_2701))
+                .init(device)?,
+            heads: h,
+            rope_base: self.rope_base,
+        })
+    }
+}
+
+/// Kimi Delta Attention. Built by [`KimiDeltaAttentionConfig`].
 #[derive(Module, Debug)]
 pub struct KimiDeltaAttention {
     /// Queries.
@@ -31,14 +84,8 @@ pub struct KimiDeltaAttention {
     pub wg: Linear,
     /// Output projection.
     pub wo: Linear,
-    /// Retention projection, down.
-    pub gate_down: Linear,
-    /// Retention projection, up.
-    pub gate_up: Linear,
-    /// `A_log`, `[H]`.
-    pub a_log: Param<Tensor<1>>,
-    /// `dt_bias`, `[H * D]`.
-    pub dt_bias: Param<Tensor<1>>,
+    /// The log retention `log alpha` (shared parameterisation with Linear Relation).
+    pub gate: LogDecayGate,
     /// Heads `H`.
     pub heads: usize,
     /// RoPE base.
@@ -46,80 +93,55 @@ pub struct KimiDeltaAttention {
 }
 
 impl KimiDeltaAttention {
-    /// A new layer (retention initialised as [`LinearRelation`](super::LinearRelation)).
-    pub fn new(config: &crate::RelationLmConfig, layer: usize, seed: u64, device: &Device) -> Self {
-        let d = config.d_model;
-        let h = config.n_heads;
-        let (a_log, dt_bias) = super::linear::kda_retention_init(
-            h,
-            d,
-            seed ^ (layer as u64).wrapping_mul(0x51ED_2701),
-        );
-        Self {
-            wq: linear(d, d, device),
-            wk: linear(d, d, device),
-            wv: linear(d, d, device),
-            wbeta: linear(d, h, device),
-            wg: linear(d, d, device),
-            wo: linear(d, d, device),
-            gate_down: linear(d, config.gate_rank(), device),
-            gate_up: linear(config.gate_rank(), d, device),
-            a_log: Param::from_tensor(Tensor::from_data(TensorData::new(a_log, [h]), device)),
-            dt_bias: Param::from_tensor(Tensor::from_data(TensorData::new(dt_bias, [d]), device)),
-            heads: h,
-            rope_base: config.rope_base,
-        }
-    }
-
     /// Runs the delta rule from the cached state.
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
-    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+    ///
+    /// # Errors
+    /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a state;
+    /// a bad RoPE base.
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let h = self.heads;
-        let q = l2_normalize(rope(
-            split_heads(dense(&self.wq, x.clone()), h),
-            offset,
-            self.rope_base,
-        )?);
-        let k = l2_normalize(rope(
-            split_heads(dense(&self.wk, x.clone()), h),
-            offset,
-            self.rope_base,
-        )?);
+        let q = l2_normalize(rope_heads(&self.wq, x.clone(), h, offset, self.rope_base)?);
+        let k = l2_normalize(rope_heads(&self.wk, x.clone(), h, offset, self.rope_base)?);
         let v = split_heads(dense(&self.wv, x.clone()), h);
         let beta = activation::sigmoid(dense(&self.wbeta, x.clone())); // [B, n, H]
-        let pre = split_heads(dense(&self.gate_up, dense(&self.gate_down, x.clone())), h);
-        let alpha = kda_log_gates(pre, self.a_log.val(), self.dt_bias.val()).exp(); // [B, n, H, D]
+        let alpha = self.gate.forward(x.clone()).exp(); // [B, n, H, D]
         let [b, n, _, d] = q.dims();
-        let mut state = match std::mem::take(cache) {
-            LayerCache::Linear { state, .. } => state,
-            _ => Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())),
+        let mut state = match cache.take_state()? {
+            Some(state) => state,
+            None => Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())),
         };
+        // Token t of a [B, n, H, D] tensor as a column [B, H, D, 1] or a row [B, H, 1, D].
         let column = |x: &Tensor<4>, t: usize| x.clone().narrow(1, t, 1).reshape([b, h, d, 1]);
         let row = |x: &Tensor<4>, t: usize| x.clone().narrow(1, t, 1).reshape([b, h, 1, d]);
         let mut outputs = Vec::with_capacity(n);
         for t in 0..n {
+            // [B, 1, H] -> [B, H, 1, 1]
             let beta_t = beta.clone().narrow(1, t, 1).reshape([b, h, 1, 1]);
             state = delta_rule_step(state, column(&k, t), row(&v, t), column(&alpha, t), beta_t);
-            outputs.push(row(&q, t).matmul(state.clone()).reshape([b, 1, h, d])); // (S^T q)^T
+            // (S^T q)^T = q^T S: [B, H, 1, D] -> [B, 1, H, D]
+            outputs.push(row(&q, t).matmul(state.clone()).reshape([b, 1, h, d]));
         }
         *cache = LayerCache::Linear {
             state,
             len: offset + n,
         };
         let o = Tensor::cat(outputs, 1); // [B, n, H, D]
-        let rms = (o.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt();
         let gate = activation::sigmoid(dense(&self.wg, x));
-        Ok(dense(&self.wo, merge_heads(o / rms) * gate))
+        Ok(dense(&self.wo, merge_heads(head_norm(o)) * gate))
     }
 
     /// Full-sequence forward (the token loop from an empty state).
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    ///
+    /// # Errors
+    /// A bad RoPE base.
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         self.forward_cached(x, &mut LayerCache::Empty)
     }
 }

@@ -1,19 +1,63 @@
-//! The layers of a Relation language model: the three mixers and the SwiGLU feed-forward.
+//! The layers of a Relation language model: the six token mixers (`F`, `L`, `A`, `R`, `N`, `K`),
+//! the parts they share ([`RelationProjection`] for `F` and `L`, [`LogDecayGate`] for `L` and
+//! `K`, [`QkvProjection`] for `A`, `R` and `N`) and the SwiGLU feed-forward.
+//!
+//! Every mixer is a `Module` built by its `Config` (`…Config::new(d_model, n_heads).init(&device)`),
+//! whose defaults are the paper's (`relation_core::DEFAULT_TAU`, `DEFAULT_LAMBDA`,
+//! `DEFAULT_ROPE_BASE`).
+
+/// Declares the `Config` of a layer described by a width, a head count and a RoPE base: the
+/// attention-like mixers (`A`, `R`, `N`) and their shared [`QkvProjection`]. One definition, so
+/// the fields and their defaults cannot drift apart.
+macro_rules! heads_config {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(burn::config::Config, Debug)]
+        pub struct $name {
+            /// Model width `d`.
+            pub d_model: usize,
+            /// Heads `H` (`d / H` even: RoPE rotates channel pairs).
+            pub n_heads: usize,
+            /// RoPE base of the queries and keys. Default: [`relation_core::DEFAULT_ROPE_BASE`]
+            /// (1e4).
+            #[config(default = "relation_core::DEFAULT_ROPE_BASE")]
+            pub rope_base: f64,
+        }
+    };
+    (mixer $(#[$doc:meta])* $name:ident) => {
+        heads_config!($(#[$doc])* $name);
+
+        impl $name {
+            /// The configuration of the layer's query, key and value projections.
+            pub fn qkv(&self) -> $crate::layers::QkvProjectionConfig {
+                $crate::layers::QkvProjectionConfig::new(self.d_model, self.n_heads)
+                    .with_rope_base(self.rope_base)
+            }
+        }
+    };
+}
 
 mod attention;
 mod full;
+mod gate;
 mod kda;
 mod linear;
+mod projection;
+mod qkv;
 mod realformer;
 mod retention;
 mod swiglu;
 
 pub use attention::{CausalSelfAttention, CausalSelfAttentionConfig};
 pub use full::{MultiHeadRelation, MultiHeadRelationConfig};
-pub use kda::{KimiDeltaAttention, delta_rule_step};
+pub use gate::{LogDecayGate, LogDecayGateConfig, kda_retention_init};
+pub use kda::{KimiDeltaAttention, KimiDeltaAttentionConfig, delta_rule_step};
+pub(crate) use linear::check_linear_mode;
 pub use linear::{LinearRelation, LinearRelationConfig};
-pub use realformer::RealFormerAttention;
-pub use retention::Retention;
+pub use projection::{RelationProjection, RelationProjectionConfig};
+pub use qkv::{QkvProjection, QkvProjectionConfig};
+pub use realformer::{RealFormerAttention, RealFormerAttentionConfig};
+pub use retention::{Retention, RetentionConfig};
 pub use swiglu::SwiGlu;
 
 use burn::nn::{Linear, LinearConfig};
@@ -36,42 +80,51 @@ pub(crate) fn linear(d_in: usize, d_out: usize, device: &Device) -> Linear {
 /// - `x`: `[B, T, d_in]`, output: `[B, T, d_out]`
 pub(crate) fn dense(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
     let [b, t, d_in] = x.dims();
-    let y = layer.forward(x.reshape([b * t, d_in])); // [B·T, d_out]
+    let y = layer.forward(x.reshape([b * t, d_in])); // [B·T, d_in] -> [B·T, d_out]
     let d_out = y.dims()[1];
-    y.reshape([b, t, d_out]) // [B, T, d_out]
+    y.reshape([b, t, d_out]) // [B·T, d_out] -> [B, T, d_out]
 }
 
 /// `[B, T, H * D]` -> `[B, T, H, D]`.
 pub(crate) fn split_heads(x: Tensor<3>, heads: usize) -> Tensor<4> {
     let [b, t, d] = x.dims();
-    x.reshape([b, t, heads, d / heads])
+    x.reshape([b, t, heads, d / heads]) // [B, T, H·D] -> [B, T, H, D]
 }
 
 /// `[B, T, H, D]` -> `[B, T, H * D]`.
 pub(crate) fn merge_heads(x: Tensor<4>) -> Tensor<3> {
     let [b, t, h, d] = x.dims();
-    x.reshape([b, t, h * d])
+    x.reshape([b, t, h * d]) // [B, T, H, D] -> [B, T, H·D]
 }
 
-/// The Relation projections `(rope(X W1), rope(X W2), Givens_layer(X W_I))`, each
-/// `[B, T, H, D]`, for tokens at positions `offset..` (spec §1–§2: RoPE on P1/P2 only); without
-/// `angles` (the "no Givens" ablation) `Ĩ = X W_I`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn relation_projections(
-    [w1, w2, wi]: [&Linear; 3],
-    angles: Option<Tensor<1>>,
-    layer: usize,
-    heads: usize,
-    rope_base: f64,
+/// `rope(x W)` split into heads, for tokens at positions `offset..` (queries and keys of the
+/// attention-like mixers, `P1` and `P2` of the Relation ones).
+///
+/// # Shapes
+/// - `x`: `[B, T, d]`, output: `[B, T, H, D]`
+///
+/// # Errors
+/// A RoPE base that is not finite and > 1, or an odd head dimension.
+pub(crate) fn rope_heads(
+    layer: &Linear,
     x: Tensor<3>,
+    heads: usize,
     offset: usize,
-) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-    let p1 = relation_core::rope(split_heads(dense(w1, x.clone()), heads), offset, rope_base)?;
-    let p2 = relation_core::rope(split_heads(dense(w2, x.clone()), heads), offset, rope_base)?;
-    let info = split_heads(dense(wi, x), heads); // [B, T, H, D]
-    let info = match angles {
-        Some(angles) => relation_core::givens_mix(info, angles, layer)?,
-        None => info,
-    };
-    Ok((p1, p2, info))
+    rope_base: f64,
+) -> crate::Result<Tensor<4>> {
+    Ok(relation_core::rope(
+        split_heads(dense(layer, x), heads),
+        offset,
+        rope_base,
+    )?)
+}
+
+/// Per-head RMS normalisation over `D` (`x / sqrt(mean_D x^2 + 1e-6)`), applied by retention and
+/// KDA to each head's output before the output gate.
+///
+/// # Shapes
+/// - `x`: `[B, T, H, D]`, output: same
+pub(crate) fn head_norm(x: Tensor<4>) -> Tensor<4> {
+    let rms = (x.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt(); // [B, T, H, 1]
+    x / rms
 }

@@ -11,29 +11,40 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
-use relation_core::rope;
 
-use super::{dense, linear, merge_heads, split_heads};
-use crate::Result;
+use super::{QkvProjection, dense, head_norm, linear, merge_heads};
 use crate::cache::LayerCache;
 
-/// RetNet multi-scale retention.
+heads_config! {
+    mixer
+    /// Configuration of a [`Retention`] layer (head `h` decays by `gamma_h = 1 - 2^{-5-h}`).
+    RetentionConfig
+}
+
+impl RetentionConfig {
+    /// Builds the layer.
+    ///
+    /// # Errors
+    /// Head layout errors ([`crate::config::check_heads`]).
+    pub fn init(&self, device: &Device) -> crate::Result<Retention> {
+        let d = self.d_model;
+        Ok(Retention {
+            qkv: self.qkv().init(device)?,
+            wg: linear(d, d, device),
+            wo: linear(d, d, device),
+        })
+    }
+}
+
+/// RetNet multi-scale retention. Built by [`RetentionConfig`].
 #[derive(Module, Debug)]
 pub struct Retention {
-    /// Queries.
-    pub wq: Linear,
-    /// Keys.
-    pub wk: Linear,
-    /// Values.
-    pub wv: Linear,
+    /// Queries, keys (with RoPE) and values.
+    pub qkv: QkvProjection,
     /// Swish gate.
     pub wg: Linear,
     /// Output projection.
     pub wo: Linear,
-    /// Heads `H`.
-    pub heads: usize,
-    /// RoPE base.
-    pub rope_base: f64,
 }
 
 /// `ln gamma_h` per head, `[1, H, 1, 1]`.
@@ -48,42 +59,18 @@ fn log_decay(heads: usize, like: &Tensor<4>) -> Tensor<4> {
     .reshape([1, heads, 1, 1])
 }
 
-/// Per-head RMS normalisation over `D`.
-fn head_norm(x: Tensor<4>) -> Tensor<4> {
-    let rms = (x.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt();
-    x / rms
-}
-
 impl Retention {
-    /// A new layer.
-    pub fn new(config: &crate::RelationLmConfig, device: &Device) -> Self {
-        let d = config.d_model;
-        Self {
-            wq: linear(d, d, device),
-            wk: linear(d, d, device),
-            wv: linear(d, d, device),
-            wg: linear(d, d, device),
-            wo: linear(d, d, device),
-            heads: config.n_heads,
-            rope_base: config.rope_base,
-        }
+    /// `(rope(q), rope(k) / sqrt(D), v)` of tokens at positions `offset..`, `[B, T, H, D]` each.
+    fn project(&self, x: Tensor<3>, offset: usize) -> crate::Result<[Tensor<4>; 3]> {
+        let (q, k, v) = self.qkv.forward(x, offset)?;
+        let d = q.dims()[3];
+        Ok([q, k / (d as f64).sqrt(), v])
     }
 
-    fn project(&self, x: Tensor<3>, offset: usize) -> Result<[Tensor<4>; 3]> {
-        let d = x.dims()[2] / self.heads;
-        let q = rope(
-            split_heads(dense(&self.wq, x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )?;
-        let k = rope(
-            split_heads(dense(&self.wk, x.clone()), self.heads),
-            offset,
-            self.rope_base,
-        )? / (d as f64).sqrt();
-        Ok([q, k, split_heads(dense(&self.wv, x), self.heads)])
-    }
-
+    /// Per-head RMS norm, swish gate `swish(X W_G)`, output projection.
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, d]`; `o`: `[B, T, H, D]`; output: `[B, T, d]`
     fn finish(&self, x: Tensor<3>, o: Tensor<4>) -> Tensor<3> {
         let gate = activation::silu(dense(&self.wg, x));
         dense(&self.wo, merge_heads(head_norm(o)) * gate)
@@ -93,7 +80,10 @@ impl Retention {
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
-    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    ///
+    /// # Errors
+    /// A bad RoPE base.
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let [q, k, v] = self.project(x.clone(), 0)?;
         let t = q.dims()[1];
         let device = q.device();
@@ -106,7 +96,7 @@ impl Retention {
             .float();
         let distance = (rows - cols).cast(scores.dtype()).unsqueeze::<4>(); // [1, 1, T, T], t - j
         let future = distance.clone().lower_elem(0.0);
-        let decay = (distance * log_decay(self.heads, &scores))
+        let decay = (distance * log_decay(self.qkv.heads, &scores))
             .exp()
             .mask_fill(future, 0.0); // gamma^{t-j}
         let o = (scores * decay).matmul(v.swap_dims(1, 2)).swap_dims(1, 2); // [B, T, H, D]
@@ -117,13 +107,17 @@ impl Retention {
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
-    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> Result<Tensor<3>> {
+    ///
+    /// # Errors
+    /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a state; a bad
+    /// RoPE base.
+    pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let [q, k, v] = self.project(x.clone(), offset)?;
         let [b, n, h, d] = q.dims();
-        let mut state = match std::mem::take(cache) {
-            LayerCache::Linear { state, .. } => state,
-            _ => Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())),
+        let mut state = match cache.take_state()? {
+            Some(state) => state,
+            None => Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())),
         };
         let gamma = log_decay(h, &state).exp(); // [1, H, 1, 1]
         let token = |x: &Tensor<4>, t: usize| x.clone().narrow(1, t, 1).reshape([b, h, 1, d]);

@@ -1,0 +1,101 @@
+//! The Relation projections shared by the Full (`F`) and Linear (`L`) Relation layers:
+//! `P1 = rope(X W1)`, `P2 = rope(X W2)`, `Ĩ = Givens_l(X W_I)` (spec §1–§2).
+
+use burn::config::Config;
+use burn::module::{Module, Param};
+use burn::nn::Linear;
+use burn::tensor::{Device, Tensor};
+
+use super::{dense, linear, rope_heads, split_heads};
+
+/// Configuration of a [`RelationProjection`].
+#[derive(Config, Debug)]
+pub struct RelationProjectionConfig {
+    /// Model width `d`.
+    pub d_model: usize,
+    /// Heads `H` (`d / H` even; `H` even with Givens mixing).
+    pub n_heads: usize,
+    /// Index of the layer in its stack: chooses the Givens pairing (A on even layers, B on odd
+    /// ones). Default: 0.
+    #[config(default = 0)]
+    pub layer: usize,
+    /// RoPE base. Default: [`relation_core::DEFAULT_ROPE_BASE`] (1e4).
+    #[config(default = "relation_core::DEFAULT_ROPE_BASE")]
+    pub rope_base: f64,
+    /// Givens mixing of the information heads; `false` is the "no Givens" ablation. Default: true.
+    #[config(default = true)]
+    pub givens: bool,
+}
+
+impl RelationProjectionConfig {
+    /// Builds the projections: three bias-free `d x d` matrices and, with Givens mixing, `H / 2`
+    /// angles initialised to 0 (so `Ĩ = I` at the start of training).
+    ///
+    /// # Errors
+    /// Head layout errors ([`crate::config::check_heads`]).
+    pub fn init(&self, device: &Device) -> crate::Result<RelationProjection> {
+        crate::config::check_heads(self.d_model, self.n_heads, self.givens)?;
+        let d = self.d_model;
+        // Burn draws the weights from the device RNG lazily, at first use: a forward reads them
+        // as w1, w2, wi, and so does a visit of the fields (saving, counting). Keep both orders, or
+        // a seeded model gets other initial weights.
+        Ok(RelationProjection {
+            w1: linear(d, d, device),
+            w2: linear(d, d, device),
+            wi: linear(d, d, device),
+            angles: self
+                .givens
+                .then(|| Param::from_tensor(Tensor::zeros([self.n_heads / 2], device))),
+            layer: self.layer,
+            heads: self.n_heads,
+            rope_base: self.rope_base,
+        })
+    }
+}
+
+/// `(P1, P2, Ĩ) = (rope(X W1), rope(X W2), Givens_l(X W_I))`: RoPE turns the evidence
+/// `P1_i · P2_j` into a function of `i - j`, while the information `Ĩ` is never rotated; its
+/// heads are mixed pairwise by learned Givens rotations instead (angles `[H / 2]`, pairing by
+/// layer index). Built by [`RelationProjectionConfig`].
+#[derive(Module, Debug)]
+pub struct RelationProjection {
+    /// `P1 = X W1`.
+    pub w1: Linear,
+    /// `P2 = X W2`.
+    pub w2: Linear,
+    /// `I = X W_I`.
+    pub wi: Linear,
+    /// Givens angles, `[H / 2]`, f32; `None` without Givens mixing (then `Ĩ = I`).
+    pub angles: Option<Param<Tensor<1>>>,
+    /// Layer index (chooses the Givens pairing).
+    pub layer: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// RoPE base.
+    pub rope_base: f64,
+}
+
+impl RelationProjection {
+    /// The projections of tokens at positions `offset..` (`offset` > 0 when decoding on from a
+    /// cache: RoPE needs absolute positions).
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, d]`; output: `(P1, P2, Ĩ)`, `[B, T, H, D]` each
+    ///
+    /// # Errors
+    /// A bad RoPE base; Givens angles that do not match the head count.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        offset: usize,
+    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+        let p1 = rope_heads(&self.w1, x.clone(), self.heads, offset, self.rope_base)?;
+        let p2 = rope_heads(&self.w2, x.clone(), self.heads, offset, self.rope_base)?;
+        let info = split_heads(dense(&self.wi, x), self.heads); // [B, T, H, D]
+        let info = match &self.angles {
+            Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,
+            None => info,
+        };
+        Ok((p1, p2, info))
+    }
+}
