@@ -30,6 +30,7 @@
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
+pub mod device;
 mod error;
 mod flash_relation;
 #[cfg(feature = "flex")]

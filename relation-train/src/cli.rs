@@ -3,10 +3,10 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use relation_kernels::device::parse_device;
 
 use crate::config::RunConfig;
 use crate::data::{self, DEFAULT_CORPUS_NAME};
-use crate::device::parse_device;
 use crate::error::io;
 use crate::evaluate::{evaluate, load_run};
 use crate::train::{OnNan, TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
@@ -558,7 +558,7 @@ pub(crate) fn device_for(
             .map(|c| c.device_names().remove(0))
             .unwrap_or_else(|_| "flex".into()),
     };
-    parse_device(&name)
+    Ok(parse_device(&name)?)
 }
 
 fn run_eval(args: &EvalArgs) -> Result<()> {

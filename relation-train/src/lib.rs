@@ -18,7 +18,6 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
-pub mod device;
 pub mod error;
 pub mod evaluate;
 pub mod fs;

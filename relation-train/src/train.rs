@@ -10,12 +10,12 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use relation_kernels::device::parse_device;
 use relation_model::{RelationLm, Sampling};
 
 use crate::checkpoint::{self, CheckpointState, fingerprint};
 use crate::config::{RunConfig, TrainSpec};
 use crate::data::{self, Batcher, DataPosition};
-use crate::device::parse_device;
 use crate::error::io;
 use crate::evaluate::{EvalResult, evaluate};
 use crate::fs::{RunLock, write_atomic};
@@ -137,7 +137,7 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let device_names = config.device_names();
     let replicas = device_names
         .iter()
-        .map(|name| parse_device(name).map(|d| d.autodiff()))
+        .map(|name| Ok(parse_device(name)?.autodiff()))
         .collect::<Result<Vec<Device>>>()?;
     let t = config.train.clone();
     let _lock = RunLock::acquire(run)?;
