@@ -5,10 +5,9 @@ use std::path::PathBuf;
 
 use relation_model::Sampling;
 
-use crate::cli::{ExportArgs, ExportFormat, GenerateArgs, device_for};
+use crate::cli::{ExportArgs, ExportFormat, GenerateArgs};
 use crate::data;
 use crate::error::io;
-use crate::evaluate::load_run;
 use crate::{Result, TrainError};
 
 /// Runs `relation export`.
@@ -17,12 +16,7 @@ use crate::{Result, TrainError};
 /// A run or checkpoint that cannot be loaded; unwritable output.
 pub fn run_export(args: &ExportArgs) -> Result<()> {
     // The run's own device (any backend can write safetensors).
-    let device = device_for(&args.source.run_dir, &None)?;
-    let run = load_run(
-        &args.source.run_dir,
-        args.source.checkpoint.as_deref(),
-        &device,
-    )?;
+    let run = args.source.load(&None)?;
     let out = args
         .out
         .clone()
@@ -84,12 +78,7 @@ fn printable_len(text: &str, stops: &[String]) -> usize {
 pub fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
 
-    let device = device_for(&args.source.run_dir, &args.device)?;
-    let run = load_run(
-        &args.source.run_dir,
-        args.source.checkpoint.as_deref(),
-        &device,
-    )?;
+    let run = args.source.load(&args.device)?;
     let text = prompt_text(args)?;
     let mut prompt = data::encode(&run.tokenizer, &text)?;
     if prompt.is_empty() {

@@ -14,7 +14,7 @@ pub use train_args::{DataFlags, ModelFlags, TrainArgs, TrainingFlags};
 use crate::config::RunConfig;
 use crate::data::{self, DEFAULT_CORPUS_NAME};
 use crate::error::io;
-use crate::evaluate::{evaluate, load_run};
+use crate::evaluate::{LoadedRun, evaluate, load_run};
 use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
 use crate::{Result, TrainError, checkpoint};
 
@@ -54,6 +54,24 @@ pub struct RunSource {
     /// A checkpoint directory (default: the run's latest).
     #[arg(long, value_name = "DIR")]
     pub checkpoint: Option<PathBuf>,
+}
+
+impl RunSource {
+    /// The checkpoint, loaded on the `--device` given, else on the run's own first device
+    /// (`flex` if its configuration is unreadable).
+    ///
+    /// # Errors
+    /// A device that cannot be used; a run or checkpoint that cannot be loaded.
+    pub(crate) fn load(&self, device: &Option<String>) -> Result<LoadedRun> {
+        let name = match device {
+            Some(name) => name.clone(),
+            None => RunConfig::load(&self.run_dir.join("config.json"))
+                .map(|c| c.device_names().remove(0))
+                .unwrap_or_else(|_| "flex".into()),
+        };
+        let device = parse_device(&name)?;
+        load_run(&self.run_dir, self.checkpoint.as_deref(), &device)
+    }
 }
 
 /// Formats `relation export` writes.
@@ -329,26 +347,8 @@ fn run_train(args: &TrainArgs) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn device_for(
-    run_dir: &std::path::Path,
-    flag: &Option<String>,
-) -> Result<burn::tensor::Device> {
-    let name = match flag {
-        Some(name) => name.clone(),
-        None => RunConfig::load(&run_dir.join("config.json"))
-            .map(|c| c.device_names().remove(0))
-            .unwrap_or_else(|_| "flex".into()),
-    };
-    Ok(parse_device(&name)?)
-}
-
 fn run_eval(args: &EvalArgs) -> Result<()> {
-    let device = device_for(&args.source.run_dir, &args.device)?;
-    let run = load_run(
-        &args.source.run_dir,
-        args.source.checkpoint.as_deref(),
-        &device,
-    )?;
+    let run = args.source.load(&args.device)?;
     let t = &run.config.train;
     let (stream, bytes, what) = if args.data.is_empty() {
         let corpus = data::prepare(&run.config.data, &mut |line| println!("{line}"))?;
