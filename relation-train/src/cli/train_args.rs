@@ -54,8 +54,8 @@ pub struct TrainArgs {
     /// Hide the progress bar (log lines only).
     #[arg(long)]
     pub no_progress: bool,
-    /// Device: flex (pure-Rust CPU), wgpu[:N], vulkan[:N], metal, cuda[:N], rocm[:N], cpu,
-    /// ndarray — those compiled in (cargo features). Default: flex.
+    /// Device: flex (pure-Rust CPU), wgpu, vulkan, metal, cuda, rocm, cpu, ndarray — those
+    /// compiled in (cargo features); a GPU index follows a colon (wgpu:1, cuda:0). Default: flex.
     #[arg(long)]
     pub device: Option<String>,
     /// Data parallel over several devices, comma-separated (e.g. cuda:0,cuda:1): each step's

@@ -133,8 +133,9 @@ pub fn fnv1a(bytes: &[u8], mut hash: u64) -> u64 {
 pub(super) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// The split units: the documents themselves when there are enough of them, else each document
-/// cut at blank lines (at line ends when it has none; CRLF read as LF) into groups of up to [`GROUP_BYTES`] (fewer bytes for small corpora, so
-/// that there are about [`TARGET_GROUPS`] of them).
+/// cut at blank lines (at line ends when it has none; CRLF read as LF) into groups of up to
+/// 4096 bytes (fewer for small corpora, so that there are about 256 of them, but at least 256
+/// bytes each).
 pub fn split_units(docs: &[Document]) -> Vec<String> {
     if docs.len() >= MIN_UNITS {
         return docs.iter().map(|d| d.text.clone()).collect();
