@@ -30,9 +30,8 @@ use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_parallel_relation};
 use relation_examples::counting::Counting;
-use relation_examples::{
-    bytes_held_by, device_by_name, device_label, mib, ms, peak_bytes, time_on,
-};
+use relation_examples::{bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
+use relation_kernels::device::parse_device;
 use relation_kernels::{Strategy, flash_relation, has_kernels};
 
 #[global_allocator]
@@ -213,7 +212,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let device = match device_by_name(&args.device) {
+    let device = match parse_device(&args.device) {
         Ok(device) => device,
         Err(message) => {
             eprintln!("{message}");

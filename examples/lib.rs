@@ -1,28 +1,10 @@
-//! Helpers shared by the examples and benchmarks: device selection by name, timing that waits
-//! for the device, and allocator readings.
+//! Helpers shared by the examples and benchmarks: timing that waits for the device, and
+//! allocator readings. Devices are chosen by name with `relation_kernels::device::parse_device`,
+//! the parser the `relation` command line uses too.
 
 use std::time::{Duration, Instant};
 
 use burn::tensor::Device;
-
-/// The device called `name` (`flex`, `wgpu`, `vulkan`, `cuda`, `cpu` = CubeCL's CPU runtime), if
-/// compiled into this build.
-pub fn device_by_name(name: &str) -> Result<Device, String> {
-    match name {
-        "flex" => Ok(Device::flex()),
-        #[cfg(feature = "wgpu")]
-        "wgpu" => Ok(Device::wgpu(burn::tensor::DeviceKind::DefaultDevice)),
-        #[cfg(feature = "vulkan")]
-        "vulkan" => Ok(Device::vulkan(burn::tensor::DeviceKind::DefaultDevice)),
-        #[cfg(feature = "cuda")]
-        "cuda" => Ok(Device::cuda(0)),
-        #[cfg(feature = "cpu")]
-        "cpu" => Ok(Device::cpu()),
-        other => Err(format!(
-            "device `{other}` is not compiled into this build (see the README's backend table)"
-        )),
-    }
-}
 
 /// Mean time of `iters` calls of `f` after one warm-up call (compilation, autotune, allocation),
 /// waiting for the device to finish before reading the clock.

@@ -21,12 +21,11 @@ use burn::tensor::{DType, Device, Tensor};
 use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
 use relation_examples::counting::Counting;
-use relation_examples::{
-    bytes_held_by, device_by_name, device_label, mib, ms, peak_bytes, time_on,
-};
+use relation_examples::{bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
+use relation_kernels::device::parse_device;
 use relation_kernels::{
     CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, fused_recurrent_linear_relation,
     linear_relation_step,
@@ -198,7 +197,7 @@ fn main() {
         eprintln!("{message}");
         std::process::exit(2)
     });
-    let device = device_by_name(&args.device).unwrap_or_else(|message| {
+    let device = parse_device(&args.device).unwrap_or_else(|message| {
         eprintln!("{message}");
         std::process::exit(2)
     });

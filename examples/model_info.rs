@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
-use relation_examples::device_by_name;
+use relation_kernels::device::parse_device;
 use relation_model::{RelationLmConfig, Sampling};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,7 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .cloned()
             .unwrap_or(default.into())
     };
-    let device = device_by_name(&flag("--device", "flex"))?;
+    let device = parse_device(&flag("--device", "flex"))?;
     let preset = flag("--preset", "small");
     let new_tokens: usize = flag("--tokens", "48").parse()?;
 

@@ -18,6 +18,7 @@
 // its Flex kernels (`flex.rs`) and its backward pass under autodiff (`autodiff.rs`) side by side.
 // `ops.rs` is the backend-extension trait and its one-line delegations to those modules; `tile/`
 // holds what each backend's kernels share.
+pub mod device;
 mod error;
 mod flash_relation;
 mod linear_relation;

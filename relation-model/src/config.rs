@@ -219,14 +219,18 @@ impl RelationLmConfig {
     }
 
     /// The paper's configurations (spec §5) and small CPU presets, by name:
-    /// `tiny`, `small` (CPU, minutes), `10m`, `30m`, `100m`, `hybrid-32m`; append `-mha` for the
-    /// attention baseline of the same backbone (e.g. `10m-mha`).
+    /// `cpu` (the trainer's default: minutes on two CPU cores), `tiny`, `small` (CPU, minutes),
+    /// `10m`, `30m`, `100m`, `hybrid-32m`; append `-mha` for the attention baseline of the same
+    /// backbone (e.g. `10m-mha`).
     pub fn preset(name: &str) -> Option<Self> {
         let (base, mha) = match name.strip_suffix("-mha") {
             Some(base) => (base, true),
             None => (name, false),
         };
         let config = match base {
+            // Small enough for a few minutes of training on two CPU cores with Flex: 4 layers,
+            // d = 128, 4 heads of 32 (Givens pairs heads, RoPE pairs channels).
+            "cpu" => Self::new(4096, 128, 4, 4, 384),
             "tiny" => Self::new(4096, 128, 4, 8, 256),
             "small" => Self::new(4096, 256, 6, 8, 512),
             "10m" => Self::new(4096, 384, 6, 8, 768),
@@ -244,7 +248,7 @@ impl RelationLmConfig {
 
     /// Every preset name.
     pub const PRESETS: &'static [&'static str] =
-        &["tiny", "small", "10m", "30m", "100m", "hybrid-32m"];
+        &["cpu", "tiny", "small", "10m", "30m", "100m", "hybrid-32m"];
 }
 
 /// Checks that `d_model` splits into heads of even width (RoPE pairs channels), an even number of

@@ -134,7 +134,7 @@ pub fn save(
         ("optim.bpk".to_string(), sum_file(&optim_path)?),
     ]);
     let json = serde_json::to_string_pretty(&state).expect("state serializes");
-    fs::write(tmp.join("state.json"), json).map_err(io(tmp.join("state.json")))?;
+    fs::write(tmp.join("state.json"), &json).map_err(io(tmp.join("state.json")))?;
     // Durable before visible: every file's bytes, then the directory holding their names,
     // are on disk before the rename publishes the checkpoint (see `crate::fs`).
     for file in ["model.bpk", "optim.bpk", "state.json"] {
@@ -157,6 +157,8 @@ pub fn save(
     sync_dir(&root)?;
     write_atomic(&root.join("latest"), name.as_bytes())?;
     prune(&root, keep, &name)?;
+    let bytes = state.files.values().map(|f| f.bytes).sum::<u64>() + json.len() as u64;
+    tracing::info!(path = %dest.display(), step = state.step, bytes, "checkpoint written");
     Ok(dest)
 }
 
@@ -201,6 +203,7 @@ fn prune(root: &Path, keep: usize, current: &str) -> Result<()> {
     for dir in dirs.into_iter().take(excess) {
         if dir.file_name().is_some_and(|n| n != current) {
             fs::remove_dir_all(&dir).map_err(io(&dir))?;
+            tracing::debug!(path = %dir.display(), keep, "old checkpoint pruned");
         }
     }
     Ok(())
@@ -412,9 +415,11 @@ pub fn resume_point(
     if let Some(name) = from {
         let dir = parse_checkpoint_name(run, name)?;
         let state = verify(&dir, model_json, tokenizer_json)?;
+        tracing::info!(checkpoint = %dir.display(), step = state.step, "resume: the checkpoint asked for");
         let later = newer_than(state.step);
         if !later.is_empty() {
             let aside = set_aside(run, &later, "abandoned")?;
+            tracing::info!(count = later.len(), to = %aside.display(), "resume: later checkpoints set aside");
             log(format!(
                 "resume: {} later checkpoint(s) moved to {} (the run continues from step {} instead)",
                 later.len(),
@@ -429,8 +434,11 @@ pub fn resume_point(
     let mut candidates: Vec<PathBuf> = Vec::new();
     match latest(run) {
         Ok(Some(dir)) => candidates.push(dir),
-        Ok(None) => {}
-        Err(e) => failures.push(e.to_string()),
+        Ok(None) => tracing::debug!("resume: no `latest` pointer; trying every checkpoint"),
+        Err(e) => {
+            tracing::warn!(reason = %e, "resume: the `latest` pointer is unusable");
+            failures.push(e.to_string());
+        }
     }
     for dir in all.iter().rev() {
         if !candidates.contains(dir) {
@@ -447,6 +455,7 @@ pub fn resume_point(
                     let later = newer_than(state.step);
                     if !later.is_empty() {
                         let aside = set_aside(run, &later, "unverified")?;
+                        tracing::warn!(count = later.len(), to = %aside.display(), "resume: unverified checkpoints set aside");
                         log(format!(
                             "resume: {} newer checkpoint(s) that did not verify moved to {}",
                             later.len(),
@@ -457,6 +466,7 @@ pub fn resume_point(
                         "resume: falling back to {}, the newest checkpoint that verifies",
                         dir.display()
                     ));
+                    tracing::warn!(checkpoint = %dir.display(), step = state.step, skipped = failures.len(), "resume: fell back");
                     write_atomic(
                         &checkpoints_dir(run).join("latest"),
                         dir.file_name()
@@ -465,9 +475,13 @@ pub fn resume_point(
                             .as_bytes(),
                     )?;
                 }
+                tracing::debug!(checkpoint = %dir.display(), step = state.step, "resume: checkpoint verified");
                 return Ok((dir.clone(), state));
             }
-            Err(e) => failures.push(e.to_string()),
+            Err(e) => {
+                tracing::warn!(checkpoint = %dir.display(), reason = %e, "resume: checkpoint does not verify");
+                failures.push(e.to_string());
+            }
         }
     }
     if failures.is_empty() {

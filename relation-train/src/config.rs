@@ -43,9 +43,9 @@ impl Default for RunConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSpec {
-    /// A `relation_model` preset (`tiny`, `small`, `10m`, `30m`, `100m`, `hybrid-32m`, with
-    /// `-mha` for the attention baseline) or `cpu` (the default: a model that trains in
-    /// minutes on two CPU cores).
+    /// A `relation_model` preset ([`RelationLmConfig::PRESETS`]: `cpu`, the default, a model
+    /// that trains in minutes on two CPU cores; `tiny`, `small`, `10m`, `30m`, `100m`,
+    /// `hybrid-32m`), with `-mha` for the attention baseline.
     pub preset: String,
     /// Layer pattern override (`F` Full Relation, `L` Linear Relation, `A` attention, …;
     /// `LLLF` is the paper's Hybrid).
@@ -91,25 +91,14 @@ impl ModelSpec {
     /// # Errors
     /// An unknown preset, or a configuration the model refuses (e.g. odd heads).
     pub fn resolve(&self, vocab_size: usize) -> Result<RelationLmConfig> {
-        let base = if self.preset == "cpu" || self.preset == "cpu-mha" {
-            // Small enough for a few minutes on two CPU cores with Flex: 4 layers, d = 128,
-            // 4 heads of 32 (Givens pairs heads, RoPE pairs channels).
-            let config = RelationLmConfig::new(vocab_size, 128, 4, 4, 384);
-            if self.preset == "cpu-mha" {
-                config.with_pattern("A".into())
-            } else {
-                config
-            }
-        } else {
-            RelationLmConfig::preset(&self.preset).ok_or_else(|| TrainError::Invalid {
-                name: "model.preset",
-                value: self.preset.clone(),
-                rule: format!(
-                    "unknown preset; choose cpu, {} (append -mha for the attention baseline)",
-                    RelationLmConfig::PRESETS.join(", ")
-                ),
-            })?
-        };
+        let base = RelationLmConfig::preset(&self.preset).ok_or_else(|| TrainError::Invalid {
+            name: "model.preset",
+            value: self.preset.clone(),
+            rule: format!(
+                "unknown preset; choose {} (append -mha for the attention baseline)",
+                RelationLmConfig::PRESETS.join(", ")
+            ),
+        })?;
         let mut config = base;
         config.vocab_size = vocab_size;
         if let Some(p) = &self.pattern {

@@ -96,6 +96,16 @@ pub enum TrainError {
     Model(#[from] ModelError),
 }
 
+impl From<relation_kernels::device::DeviceError> for TrainError {
+    /// The shared device parser's error, as this crate's [`TrainError::Device`] (same message).
+    fn from(e: relation_kernels::device::DeviceError) -> Self {
+        Self::Device {
+            name: e.name,
+            reason: e.reason,
+        }
+    }
+}
+
 /// Result alias of this crate.
 pub type Result<T> = core::result::Result<T, TrainError>;
 

@@ -1,24 +1,11 @@
-//! # relation-train
-//!
-//! The `relation` command line and the library behind it: train Relation language models on
-//! real text, evaluate them and sample from them, on any backend compiled in.
-//!
-//! ```text
-//! relation train    [--data PATH..] [--preset cpu|tiny|small|10m|…] [--pattern LLLF] [--device wgpu]
-//! relation eval     --run-dir DIR [--data PATH..]
-//! relation generate --run-dir DIR --prompt "Call me" [--stop TEXT] [--prompt-file F]
-//! relation export   --run-dir DIR --out model.safetensors
-//! ```
-//!
-//! A run directory is the unit of work: `config.json` (every setting), `model.json`,
-//! `tokenizer.json`, `checkpoints/` (atomic, verified, resumable to the bit), `metrics.csv` /
-//! `metrics.jsonl` and `loss.png`.
+// The crate documentation is the README, so its usage example is compiled and run as a doctest
+// (`doctest = true` in Cargo.toml) and cannot drift from the API.
+#![doc = include_str!("../README.md")]
 
 pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
-pub mod device;
 pub mod error;
 pub mod evaluate;
 pub mod fs;

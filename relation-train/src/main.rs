@@ -4,9 +4,27 @@ use clap::Parser;
 use relation_train::cli::{Cli, run};
 
 fn main() {
+    init_tracing();
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("error: {e}");
         std::process::exit(1);
+    }
+}
+
+/// Sends `tracing` events to stderr, filtered by `RUST_LOG` (e.g.
+/// `RUST_LOG=relation_train=debug`). Without `RUST_LOG` nothing is installed, so the command's
+/// output is exactly what it is without tracing; a `RUST_LOG` that does not parse is reported
+/// and ignored rather than failing the command.
+fn init_tracing() {
+    if std::env::var_os("RUST_LOG").is_none() {
+        return;
+    }
+    match tracing_subscriber::EnvFilter::try_from_default_env() {
+        Ok(filter) => tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .init(),
+        Err(e) => eprintln!("warning: RUST_LOG ignored ({e})"),
     }
 }

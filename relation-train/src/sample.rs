@@ -5,10 +5,9 @@ use std::path::PathBuf;
 
 use relation_model::Sampling;
 
-use crate::cli::{ExportArgs, ExportFormat, GenerateArgs, device_for};
+use crate::cli::{ExportArgs, ExportFormat, GenerateArgs};
 use crate::data;
 use crate::error::io;
-use crate::evaluate::load_run;
 use crate::{Result, TrainError};
 
 /// Runs `relation export`.
@@ -17,12 +16,11 @@ use crate::{Result, TrainError};
 /// A run or checkpoint that cannot be loaded; unwritable output.
 pub fn run_export(args: &ExportArgs) -> Result<()> {
     // The run's own device (any backend can write safetensors).
-    let device = device_for(&args.run_dir, &None)?;
-    let run = load_run(&args.run_dir, args.checkpoint.as_deref(), &device)?;
+    let run = args.source.load(&None)?;
     let out = args
         .out
         .clone()
-        .unwrap_or_else(|| args.run_dir.join("export").join("model.safetensors"));
+        .unwrap_or_else(|| args.source.run_dir.join("export").join("model.safetensors"));
     let folder = match out.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -32,7 +30,7 @@ pub fn run_export(args: &ExportArgs) -> Result<()> {
         ExportFormat::Safetensors => run.model.export_safetensors(&out)?,
     }
     for name in ["model.json", "tokenizer.json"] {
-        let from = args.run_dir.join(name);
+        let from = args.source.run_dir.join(name);
         let bytes = std::fs::read(&from).map_err(io(&from))?;
         crate::fs::write_atomic(&folder.join(name), &bytes)?;
     }
@@ -80,8 +78,7 @@ fn printable_len(text: &str, stops: &[String]) -> usize {
 pub fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
 
-    let device = device_for(&args.run_dir, &args.device)?;
-    let run = load_run(&args.run_dir, args.checkpoint.as_deref(), &device)?;
+    let run = args.source.load(&args.device)?;
     let text = prompt_text(args)?;
     let mut prompt = data::encode(&run.tokenizer, &text)?;
     if prompt.is_empty() {

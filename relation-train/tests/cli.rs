@@ -498,3 +498,24 @@ fn generation_stops_at_end_of_text_streams_and_exports() {
         );
     }
 }
+
+/// `RUST_LOG` turns on the trainer's trace, on stderr only: here, the checkpoint writes.
+#[test]
+fn rust_log_traces_checkpoint_writes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let run = tmp.path().join("run");
+    let args = with(tiny_args(&run, &cache, &corpus), "--stop-at", "2");
+    let out = relation(&args, &[("RUST_LOG", "relation_train=debug")]);
+    assert!(out.status.success(), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.contains("checkpoint written") && l.contains("step=2")),
+        "no checkpoint event on stderr:\n{stderr}"
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(!stdout.contains("checkpoint written"), "{stdout}");
+}

@@ -1,10 +1,10 @@
 //! The pieces: schedule, data order, split, evaluation windows, device names.
 
+use relation_kernels::device::parse_device;
 use relation_train::TrainSpec;
 use relation_train::data::{
     Batcher, DataPosition, Document, eval_windows, is_validation, split_units,
 };
-use relation_train::device::parse_device;
 use relation_train::optim::wsd_lr;
 
 #[test]

@@ -1,0 +1,399 @@
+//! The `relation` command line: `train`, `eval`, `generate`, `export`, `report`.
+//!
+//! This file holds the commands and the small subcommands; `train_args.rs` holds `train`'s
+//! many flags and how they override a configuration.
+
+mod train_args;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use relation_kernels::device::parse_device;
+pub use train_args::{DataFlags, ModelFlags, TrainArgs, TrainingFlags};
+
+use crate::config::RunConfig;
+use crate::data::{self, DEFAULT_CORPUS_NAME};
+use crate::error::io;
+use crate::evaluate::{LoadedRun, evaluate, load_run};
+use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
+use crate::{Result, TrainError, checkpoint};
+
+/// Train, evaluate and sample from Relation language models on any Burn backend.
+#[derive(Debug, Parser)]
+#[command(name = "relation", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model in a run directory (new, or continued with --resume).
+    Train(Box<TrainArgs>),
+    /// Validation loss, perplexity and bits per byte of a run's checkpoint, on its validation
+    /// split or on any text.
+    Eval(EvalArgs),
+    /// Sample text from a run's checkpoint, with the model's incremental-decoding cache.
+    Generate(GenerateArgs),
+    /// The results table and plots of a folder of runs named `<variant>-s<seed>`
+    /// (scripts/experiments/small.sh makes them).
+    Report(ReportArgs),
+    /// Write a run's checkpoint as a standalone model: the weights as safetensors, with the
+    /// model configuration and the tokenizer beside them.
+    Export(ExportArgs),
+}
+
+/// The run (and checkpoint) that `eval`, `generate` and `export` read.
+#[derive(Debug, Args)]
+pub struct RunSource {
+    /// The run directory.
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: PathBuf,
+    /// A checkpoint directory (default: the run's latest).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl RunSource {
+    /// The checkpoint, loaded on the `--device` given, else on the run's own first device
+    /// (`flex` if its configuration is unreadable).
+    ///
+    /// # Errors
+    /// A device that cannot be used; a run or checkpoint that cannot be loaded.
+    pub(crate) fn load(&self, device: &Option<String>) -> Result<LoadedRun> {
+        let name = match device {
+            Some(name) => name.clone(),
+            None => RunConfig::load(&self.run_dir.join("config.json"))
+                .map(|c| c.device_names().remove(0))
+                .unwrap_or_else(|_| "flex".into()),
+        };
+        let device = parse_device(&name)?;
+        load_run(&self.run_dir, self.checkpoint.as_deref(), &device)
+    }
+}
+
+/// Formats `relation export` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ExportFormat {
+    /// `safetensors` (tensor names are module paths, e.g. `blocks.0.mixer.w1.weight`).
+    Safetensors,
+}
+
+/// `relation export`.
+#[derive(Debug, Args)]
+pub struct ExportArgs {
+    /// The run, and which of its checkpoints.
+    #[command(flatten)]
+    pub source: RunSource,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
+    pub format: ExportFormat,
+    /// The weights file (default: <run-dir>/export/model.safetensors); model.json and
+    /// tokenizer.json are written into the same folder.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
+}
+
+/// How `--resume` finds where to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ResumeMode {
+    /// The run must exist: continue from its latest checkpoint that verifies.
+    Latest,
+    /// Continue the run if the directory holds one, start it otherwise.
+    Auto,
+}
+
+/// `relation report`.
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Folder holding the runs (`<variant>-s<seed>/`).
+    #[arg(value_name = "DIR")]
+    pub runs: PathBuf,
+    /// Where `table.md`, `val.png` and `gap.png` go (created).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// The variant the others are compared with.
+    #[arg(long, default_value = "A")]
+    pub baseline: String,
+}
+
+/// `relation eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The run, and which of its checkpoints.
+    #[command(flatten)]
+    pub source: RunSource,
+    /// Text to evaluate on (files, folders, JSON Lines; all of it). Default: the run's
+    /// validation split.
+    #[arg(long = "data", value_name = "PATH")]
+    pub data: Vec<PathBuf>,
+    /// Tokens to evaluate, 0 = all (default 0).
+    #[arg(long, default_value_t = 0)]
+    pub eval_tokens: usize,
+    /// Device (default: the run's).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+/// `relation generate`.
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct GenerateArgs {
+    /// The run, and which of its checkpoints.
+    #[command(flatten)]
+    pub source: RunSource,
+    /// The text to continue; `-` reads it from standard input.
+    #[arg(long, default_value = "Call me", conflicts_with = "prompt_file")]
+    pub prompt: String,
+    /// Read the text to continue from this file.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// End the continuation where this text appears (repeatable; the text itself is not
+    /// printed). Generation always ends at the end-of-text token.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// A prompt longer than the run's context (train.seq_len tokens) is refused unless this
+    /// is given; then only its last seq_len tokens are used.
+    #[arg(long)]
+    pub truncate_prompt: bool,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 200)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens with this much probability (1 = all).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Number of samples.
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// Device (default: the run's).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Runs a parsed command line.
+///
+/// # Errors
+/// Whatever the subcommand reports.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(args) => run_train(&args),
+        Command::Eval(args) => run_eval(&args),
+        Command::Generate(args) => crate::sample::run_generate(&args),
+        Command::Report(args) => run_report(&args),
+        Command::Export(args) => crate::sample::run_export(&args),
+    }
+}
+
+/// A new default run directory `runs/<preset>-<unix seconds>[-n]`, claimed by creating it, so
+/// two runs started in the same second get two directories.
+fn new_run_dir(preset: &str) -> Result<PathBuf> {
+    let root = PathBuf::from("runs");
+    std::fs::create_dir_all(&root).map_err(io(&root))?;
+    let stem = format!("{preset}-{}", unix_seconds());
+    for n in 1u32.. {
+        let dir = if n == 1 {
+            root.join(&stem)
+        } else {
+            root.join(format!("{stem}-{n}"))
+        };
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(io(&dir)(e)),
+        }
+    }
+    unreachable!("u32 suffixes run out")
+}
+
+fn run_report(args: &ReportArgs) -> Result<()> {
+    let runs = crate::report::read_runs(&args.runs)?;
+    if runs.is_empty() {
+        return Err(TrainError::RunDir {
+            path: args.runs.clone(),
+            reason: "holds no `<variant>-s<seed>` run with a metrics.csv".into(),
+        });
+    }
+    std::fs::create_dir_all(&args.out).map_err(crate::error::io(&args.out))?;
+    let table = crate::report::table(&runs, &args.baseline);
+    let path = args.out.join("table.md");
+    std::fs::write(&path, &table).map_err(crate::error::io(&path))?;
+    println!("{table}");
+    for r in runs.iter().filter(|r| !r.finished()) {
+        println!(
+            "unfinished (not in the table): {}-s{} at step {}/{}",
+            r.variant, r.seed, r.last_step, r.steps
+        );
+    }
+    if let Err(e) = crate::report::plots(&runs, &args.baseline, &args.out) {
+        eprintln!("warning: no plots ({e})");
+    }
+    println!("wrote {}, val.png, gap.png", path.display());
+    Ok(())
+}
+
+fn run_train(args: &TrainArgs) -> Result<()> {
+    // Resume when asked, when --from-checkpoint names where, or (auto) when there is a run.
+    let resume = match (args.resume, &args.run_dir) {
+        (Some(ResumeMode::Auto), Some(dir)) => checkpoint::any(dir),
+        (Some(_), _) => true,
+        (None, _) => args.from_checkpoint.is_some(),
+    };
+    let base = if resume {
+        let dir = args.run_dir.as_ref().expect("clap requires --run-dir");
+        let path = dir.join("config.json");
+        if !path.exists() {
+            return Err(TrainError::RunDir {
+                path: dir.clone(),
+                reason: "has no config.json, so there is no run to resume".into(),
+            });
+        }
+        RunConfig::load(&path)?
+    } else {
+        RunConfig::default()
+    };
+    let mut config = match &args.config {
+        Some(path) => RunConfig::load_onto(&base, path)?,
+        None => base,
+    };
+    args.apply(&mut config);
+    let run_dir = match &args.run_dir {
+        Some(dir) => dir.clone(),
+        None => new_run_dir(&config.model.preset)?,
+    };
+    let corpus_name = if config.data.sources.is_empty() {
+        DEFAULT_CORPUS_NAME.to_string()
+    } else {
+        config
+            .data
+            .sources
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!("run: {} | data: {corpus_name}", run_dir.display());
+    let summary = train(
+        config.clone(),
+        &TrainOptions {
+            run_dir,
+            resume,
+            from_checkpoint: args.from_checkpoint.clone(),
+            overwrite: args.overwrite,
+            stop_at: args.stop_at,
+            no_progress: args.no_progress,
+            on_nan: args.on_nan,
+            max_skipped_steps: args.max_skipped_steps,
+        },
+    )?;
+    println!();
+    println!(
+        "{} at step {}/{}: {} tokens seen, {:.0} tokens/s on {} this session, {:.2}M parameters",
+        if summary.finished {
+            "finished"
+        } else {
+            "stopped"
+        },
+        summary.step,
+        config.train.steps,
+        summary.tokens_seen,
+        summary.tokens_per_s,
+        config.device_names().join(" + "),
+        summary.params as f64 / 1e6
+    );
+    if let Some(v) = summary.validation {
+        let reference = if config.data.sources.is_empty() {
+            format!(" (xz -9e: {XZ_BITS_PER_BYTE_MOBY} bits/byte)")
+        } else {
+            String::new()
+        };
+        println!(
+            "validation: loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte{reference}",
+            v.loss, v.perplexity, v.bits_per_byte
+        );
+    }
+    if let Some((prompt, continuation)) = summary.sample {
+        println!("sample (temperature 0.8, top-k 40, top-p 0.95):");
+        println!("  {prompt}⟨{continuation}⟩");
+    }
+    println!(
+        "checkpoint: {} | metrics: {}/metrics.csv | curve: {}/loss.png",
+        summary.checkpoint.display(),
+        summary.run_dir.display(),
+        summary.run_dir.display()
+    );
+    if !summary.finished {
+        println!(
+            "continue with: relation train --resume --run-dir {}",
+            summary.run_dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn run_eval(args: &EvalArgs) -> Result<()> {
+    let run = args.source.load(&args.device)?;
+    let t = &run.config.train;
+    let (stream, bytes, what) = if args.data.is_empty() {
+        let corpus = data::prepare(&run.config.data, &mut |line| println!("{line}"))?;
+        // The split is rebuilt from the run's sources: refuse it if they no longer give the
+        // tokenizer the run was trained with (the validation tokens would not be the run's).
+        let saved = args.source.run_dir.join("tokenizer.json");
+        if std::fs::read_to_string(&saved).map_err(io(&saved))? != corpus.tokenizer_json {
+            return Err(TrainError::RunDir {
+                path: args.source.run_dir.clone(),
+                reason: "its data no longer gives the tokenizer it was trained with (tokenizer.json differs: the corpus changed since the run started); evaluate on explicit text with --data instead".into(),
+            });
+        }
+        let bytes_per_token = corpus.meta.val_bytes as f64 / corpus.meta.val_tokens as f64;
+        (
+            corpus.val,
+            bytes_per_token,
+            "the run's validation split".to_string(),
+        )
+    } else {
+        let docs = data::read_documents(&args.data)?;
+        let texts: Vec<&str> = docs.iter().map(|d| d.text.as_str()).collect();
+        let stream = data::encode_units(&run.tokenizer, &texts)?;
+        let bytes: usize = texts.iter().map(|t| t.len()).sum();
+        (
+            stream.clone(),
+            bytes as f64 / stream.len() as f64,
+            format!("{} documents", docs.len()),
+        )
+    };
+    let result = evaluate(
+        &run.model,
+        &stream,
+        t.seq_len,
+        t.batch_size,
+        args.eval_tokens,
+        bytes,
+    )?;
+    println!(
+        "{} (step {}) on {what}: {} tokens | loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte",
+        run.checkpoint.display(),
+        run.step,
+        result.tokens,
+        result.loss,
+        result.perplexity,
+        result.bits_per_byte
+    );
+    Ok(())
+}

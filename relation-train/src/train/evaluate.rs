@@ -1,0 +1,82 @@
+//! After each step: its metrics row, the validation at the evaluation cadence, the log line at
+//! the log cadence, and the progress bar.
+
+use burn::module::Module;
+use relation_model::RelationLm;
+
+use super::Trainer;
+use super::step::StepDone;
+use crate::Result;
+use crate::evaluate::evaluate;
+use crate::metrics::Row;
+
+impl Trainer<'_> {
+    /// Records the step just done: evaluates `model` when due, prints the log line when due,
+    /// updates the progress bar and appends the metrics row.
+    ///
+    /// # Errors
+    /// A model error while evaluating; a metrics log that cannot be written.
+    pub(super) fn record(&mut self, model: &RelationLm, done: &StepDone) -> Result<()> {
+        let (step, tokens_seen) = (self.progress.step, self.progress.tokens_seen);
+        let t = &self.run.t;
+        let StepDone {
+            lr,
+            loss,
+            grad_norm,
+            seconds,
+        } = *done;
+        let mut row = Row {
+            step,
+            tokens: tokens_seen,
+            lr,
+            loss,
+            grad_norm,
+            tokens_per_s: t.effective_tokens_per_step() as f64 / seconds,
+            elapsed_s: self.progress.elapsed_before + self.started.elapsed().as_secs_f64(),
+            val_loss: None,
+            val_ppl: None,
+            val_bpb: None,
+        };
+        if step.is_multiple_of(t.eval_every) || step == t.steps {
+            self.evaluate(model, &mut row)?;
+        }
+        if step.is_multiple_of(self.run.t.log_every) || step == self.end {
+            self.say(format!(
+                "step {step:>6} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tok/s | {} tokens",
+                row.tokens_per_s, tokens_seen
+            ));
+        }
+        self.bar.set_message(format!(
+            "loss {loss:.3} | lr {lr:.1e} | {:.0} tok/s",
+            row.tokens_per_s
+        ));
+        self.bar.set_position(step);
+        self.metrics.push(row)
+    }
+
+    /// Validation loss, perplexity and bits per byte of `model` on the validation split (up
+    /// to `eval_tokens`), into `row` and the log.
+    ///
+    /// # Errors
+    /// A model error.
+    fn evaluate(&mut self, model: &RelationLm, row: &mut Row) -> Result<()> {
+        let t = &self.run.t;
+        let result = evaluate(
+            &model.valid(),
+            &self.run.corpus.val,
+            t.seq_len,
+            t.batch_size,
+            t.eval_tokens,
+            self.val_bytes_per_token,
+        )?;
+        row.val_loss = Some(result.loss);
+        row.val_ppl = Some(result.perplexity);
+        row.val_bpb = Some(result.bits_per_byte);
+        self.say(format!(
+            "step {:>6} | validation loss {:.4} | ppl {:.2} | {:.3} bits/byte ({} tokens)",
+            self.progress.step, result.loss, result.perplexity, result.bits_per_byte, result.tokens
+        ));
+        self.validation = Some(result);
+        Ok(())
+    }
+}

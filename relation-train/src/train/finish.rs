@@ -1,0 +1,71 @@
+//! The end of an invocation: the progress bar cleared, the closing sample of a finished run,
+//! and the summary.
+
+use burn::module::Module;
+use relation_model::{RelationLm, Sampling};
+
+use super::{TrainSummary, Trainer};
+use crate::Result;
+use crate::data;
+
+impl Trainer<'_> {
+    /// Ends this invocation: draws the closing sample if the run is finished and returns what
+    /// the invocation did.
+    ///
+    /// # Errors
+    /// A model or tokenizer error while sampling.
+    pub(super) fn finish(self, model: &RelationLm) -> Result<TrainSummary> {
+        self.bar.finish_and_clear();
+        let secs = self.started.elapsed().as_secs_f64();
+        let p = self.progress;
+        let tokens_per_s = (p.tokens_seen - self.tokens_at_start) as f64 / secs.max(1e-9);
+        let t = &self.run.t;
+        let finished = p.step >= t.steps;
+        let sample = if finished && t.sample_tokens > 0 {
+            Some(sample_after_training(
+                &model.valid(),
+                &self.run.tokenizer,
+                &self.run.corpus.val,
+                t.sample_tokens,
+                t.seed,
+            )?)
+        } else {
+            None
+        };
+        Ok(TrainSummary {
+            run_dir: self.run.opts.run_dir.clone(),
+            step: p.step,
+            finished,
+            tokens_seen: p.tokens_seen,
+            tokens_per_s,
+            validation: self.validation,
+            sample,
+            checkpoint: p.checkpoint_dir,
+            params: self.params,
+        })
+    }
+}
+
+/// A short continuation of the first words of the validation text.
+fn sample_after_training(
+    model: &RelationLm,
+    tokenizer: &tokenizers::Tokenizer,
+    val: &[u32],
+    tokens: usize,
+    seed: u64,
+) -> Result<(String, String)> {
+    let prompt: Vec<u32> = val.iter().copied().take(12).collect();
+    let sampling = Sampling {
+        max_new_tokens: tokens,
+        temperature: 0.8,
+        top_k: Some(40),
+        top_p: Some(0.95),
+        seed,
+        stop_tokens: tokenizer.token_to_id(data::EOT).into_iter().collect(),
+    };
+    let out = model.generate(std::slice::from_ref(&prompt), &sampling)?;
+    Ok((
+        data::decode(tokenizer, &prompt)?,
+        data::decode(tokenizer, &out[0])?,
+    ))
+}

@@ -1,0 +1,273 @@
+//! The training loop: data, model, AdamW with accumulation and global-norm clipping under a
+//! warmup-stable-decay schedule, periodic evaluation and atomic checkpoints, resumable to the
+//! bit, with live progress and a metrics log.
+//!
+//! [`train`] runs the phases in order, one file each: `setup.rs` (checks, devices, the locked
+//! run directory, data, the run's identity files, the initial model), `resume.rs` (the
+//! checkpoint to continue from and the optimizer), `step.rs` (one optimisation step over
+//! accumulated, possibly data-parallel micro-batches), `evaluate.rs` (the step's metrics row,
+//! validation and log lines), `save.rs` (checkpoints and the loss curve) and `finish.rs` (the
+//! closing sample and summary). The phases share a `Trainer`; their order, and so every
+//! random draw, is the one a bit-exact resume depends on.
+
+mod evaluate;
+mod finish;
+mod resume;
+mod save;
+mod setup;
+mod step;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use burn::module::Module;
+use burn::optim::ModuleOptimizer;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::Result;
+use crate::config::RunConfig;
+use crate::data::{Batcher, DataPosition};
+use crate::evaluate::EvalResult;
+use crate::metrics::Metrics;
+use crate::run_dir::Start;
+use setup::Run;
+
+/// Test hook: a step number, or several separated by commas, whose loss is replaced by NaN (to
+/// exercise the divergence handling without waiting for a real divergence).
+pub const POISON_STEP_ENV: &str = "RELATION_TEST_POISON_STEP";
+
+/// What a step whose loss or gradient norm is not finite does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OnNan {
+    /// Stop the run with an error naming the last good checkpoint (the default).
+    #[default]
+    Stop,
+    /// Skip that step's update (its data is consumed, the weights and optimizer state are
+    /// left as they were) and go on, up to [`TrainOptions::max_skipped_steps`] times a run.
+    Skip,
+}
+
+/// How to run `train` beyond the configuration.
+#[derive(Debug, Clone)]
+pub struct TrainOptions {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Continue the run in `run_dir`: from its latest checkpoint that verifies, or from step 0
+    /// if its first start stopped before writing one.
+    pub resume: bool,
+    /// Resume from this checkpoint (`step-N` or `N`) instead of the latest; the later ones are
+    /// moved aside, not deleted. Requires `resume`.
+    pub from_checkpoint: Option<String>,
+    /// Discard the run in `run_dir` (its files, not the folder's other contents) and start
+    /// afresh.
+    pub overwrite: bool,
+    /// End this invocation after this step (with a checkpoint).
+    pub stop_at: Option<u64>,
+    /// No progress bar (log lines only).
+    pub no_progress: bool,
+    /// What a non-finite loss or gradient norm does.
+    pub on_nan: OnNan,
+    /// With [`OnNan::Skip`], the most steps a run may skip before it stops.
+    pub max_skipped_steps: u64,
+}
+
+impl Default for TrainOptions {
+    fn default() -> Self {
+        Self {
+            run_dir: PathBuf::new(),
+            resume: false,
+            from_checkpoint: None,
+            overwrite: false,
+            stop_at: None,
+            no_progress: false,
+            on_nan: OnNan::Stop,
+            max_skipped_steps: 10,
+        }
+    }
+}
+
+/// What a finished (or stopped) invocation did.
+#[derive(Debug, Clone)]
+pub struct TrainSummary {
+    /// The run directory.
+    pub run_dir: PathBuf,
+    /// Step the run is at.
+    pub step: u64,
+    /// Whether the configured number of steps is done.
+    pub finished: bool,
+    /// Training tokens consumed so far (whole run).
+    pub tokens_seen: u64,
+    /// Training tokens per second over this invocation.
+    pub tokens_per_s: f64,
+    /// Last validation result.
+    pub validation: Option<EvalResult>,
+    /// The sample drawn at the end (prompt and continuation).
+    pub sample: Option<(String, String)>,
+    /// The last checkpoint written.
+    pub checkpoint: PathBuf,
+    /// Trainable parameters.
+    pub params: usize,
+}
+
+/// Upper bound of a bits-per-byte figure worth beating on the shipped corpus.
+pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
+
+/// Trains according to `config` in `opts.run_dir`, printing progress to stderr and a log to
+/// stdout. A directory becomes a run with its first checkpoint: a start that fails before one
+/// can be rerun (or resumed from step 0); one that has a checkpoint is continued with
+/// `opts.resume` or discarded with `opts.overwrite`. The directory is locked for the whole
+/// call, so a second writer gets an error instead of overwriting this one's work.
+///
+/// # Errors
+/// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
+/// directory in use; on resume, a changed setting that defines the run, or no checkpoint that
+/// verifies; a non-finite loss or gradient norm
+/// ([`TrainError::NonFinite`](crate::TrainError::NonFinite), or
+/// [`TrainError::SkipLimit`](crate::TrainError::SkipLimit) with [`OnNan::Skip`]).
+pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
+    let (run, start) = Run::setup(config, opts)?;
+    let mut model = run.init_model()?;
+    let mut progress = Progress::fresh();
+    if let Start::Resume(changes) = &start {
+        (model, progress) = run.resume(model, changes)?;
+    }
+    let optim = run.optimizer(&model, &progress)?;
+    run.announce(&model);
+    let mut trainer = Trainer::new(run, progress, optim, model.num_params())?;
+    while trainer.progress.step < trainer.end {
+        let (updated, done) = trainer.step(model)?;
+        model = updated;
+        trainer.record(&model, &done)?;
+        if trainer.checkpoint_due() {
+            trainer.checkpoint(&model)?;
+        }
+    }
+    trainer.finish(&model)
+}
+
+/// Where a run is: what a checkpoint records besides the tensors, and what a resume restores.
+struct Progress {
+    /// Optimizer steps done.
+    step: u64,
+    /// Training tokens consumed (whole run).
+    tokens_seen: u64,
+    /// Where the data order continues.
+    position: DataPosition,
+    /// Training seconds before this invocation.
+    elapsed_before: f64,
+    /// Steps skipped for non-finite values (whole run).
+    skipped: u64,
+    /// The last checkpoint, as errors name it.
+    last_checkpoint: String,
+    /// The last checkpoint's directory (empty before the first).
+    checkpoint_dir: PathBuf,
+}
+
+impl Progress {
+    /// A run at step 0.
+    fn fresh() -> Self {
+        Self {
+            step: 0,
+            tokens_seen: 0,
+            position: DataPosition { epoch: 0, index: 0 },
+            elapsed_before: 0.0,
+            skipped: 0,
+            last_checkpoint: String::from("none (no checkpoint written yet)"),
+            checkpoint_dir: PathBuf::new(),
+        }
+    }
+}
+
+/// A run being trained: its setup, optimizer, data order, metrics and progress display, and
+/// where it is. The model itself is passed through the phases by value, because the optimizer
+/// consumes it on every update.
+struct Trainer<'a> {
+    run: Run<'a>,
+    progress: Progress,
+    optim: ModuleOptimizer,
+    batcher: Batcher,
+    metrics: Metrics,
+    bar: ProgressBar,
+    /// Trainable parameters (for the summary).
+    params: usize,
+    /// Bytes of validation text per validation token (bits per byte).
+    val_bytes_per_token: f64,
+    /// [`POISON_STEP_ENV`]'s steps.
+    poison_steps: Vec<u64>,
+    /// The step this invocation stops after (`--stop-at`, else the run's last).
+    end: u64,
+    /// When this invocation's steps began.
+    started: Instant,
+    /// `tokens_seen` when they began (the invocation's throughput).
+    tokens_at_start: u64,
+    /// The latest validation result, logged in this invocation or an earlier one.
+    validation: Option<EvalResult>,
+}
+
+impl<'a> Trainer<'a> {
+    /// The data order at the run's position, the metrics log (cut back to the resumed step)
+    /// and the progress bar; the clock starts here.
+    ///
+    /// # Errors
+    /// A training split shorter than one window, an unreadable metrics log.
+    fn new(
+        run: Run<'a>,
+        progress: Progress,
+        optim: ModuleOptimizer,
+        params: usize,
+    ) -> Result<Self> {
+        let t = &run.t;
+        let batcher = Batcher::new(run.corpus.train.len(), t.seq_len, t.seed, progress.position)?;
+        let meta = &run.corpus.meta;
+        let val_bytes_per_token = meta.val_bytes as f64 / meta.val_tokens as f64;
+        let metrics = Metrics::open(&run.opts.run_dir, run.resume.then_some(progress.step))?;
+        let poison_steps: Vec<u64> = std::env::var(POISON_STEP_ENV)
+            .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+            .unwrap_or_default();
+
+        let end = run.opts.stop_at.map_or(t.steps, |s| s.min(t.steps));
+        let bar = if run.opts.no_progress {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::with_draw_target(Some(t.steps), ProgressDrawTarget::stderr())
+        };
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {pos}/{len} steps [{elapsed_precise} < {eta_precise}] {msg}",
+            )
+            .expect("valid template"),
+        );
+        bar.set_position(progress.step);
+
+        let started = Instant::now();
+        let tokens_at_start = progress.tokens_seen;
+        let validation = metrics.rows.iter().rev().find_map(|r| {
+            r.val_loss.map(|loss| EvalResult {
+                tokens: 0,
+                loss,
+                perplexity: r.val_ppl.unwrap_or(loss.exp()),
+                bits_per_byte: r.val_bpb.unwrap_or(f64::NAN),
+            })
+        });
+        Ok(Self {
+            run,
+            progress,
+            optim,
+            batcher,
+            metrics,
+            bar,
+            params,
+            val_bytes_per_token,
+            poison_steps,
+            end,
+            started,
+            tokens_at_start,
+            validation,
+        })
+    }
+
+    /// Prints a log line without tearing the progress bar.
+    fn say(&self, line: String) {
+        self.bar.suspend(|| println!("{line}"));
+    }
+}

@@ -1,0 +1,241 @@
+//! Setup: the checks that need no files, the devices, the locked run directory, the data, the
+//! run's identity files and the initial model; and the banner that describes the run.
+
+use std::fs;
+use std::path::Path;
+
+use burn::module::Module;
+use burn::tensor::Device;
+use relation_kernels::device::parse_device;
+use relation_model::{RelationLm, RelationLmConfig};
+use tokenizers::Tokenizer;
+
+use super::TrainOptions;
+use crate::config::{RunConfig, TrainSpec};
+use crate::data::{self, Corpus};
+use crate::error::io;
+use crate::fs::{RunLock, write_atomic};
+use crate::run_dir::{Start, open_run};
+use crate::{Result, TrainError};
+
+/// What a run is, fixed before its first step: the settings, the devices, the data and the
+/// model configuration, with the run directory held locked for as long as this lives.
+pub(super) struct Run<'a> {
+    /// How `train` was asked to run.
+    pub(super) opts: &'a TrainOptions,
+    /// The whole configuration (recorded again when a resume changes it).
+    pub(super) config: RunConfig,
+    /// `config.train`.
+    pub(super) t: TrainSpec,
+    /// The device names, as given.
+    pub(super) device_names: Vec<String>,
+    /// Those devices, with autodiff; the first holds the optimizer.
+    pub(super) replicas: Vec<Device>,
+    /// Whether this invocation continues from a checkpoint.
+    pub(super) resume: bool,
+    /// The tokenized corpus.
+    pub(super) corpus: Corpus,
+    /// Its tokenizer.
+    pub(super) tokenizer: Tokenizer,
+    /// The resolved model configuration.
+    pub(super) model_config: RelationLmConfig,
+    /// It as `model.json` holds it (checkpoints carry its fingerprint).
+    pub(super) model_json: String,
+    _lock: RunLock,
+}
+
+impl<'a> Run<'a> {
+    /// Checks the settings, opens the devices, locks and opens the run directory, prepares the
+    /// data, and writes the run's identity files (or, on resume, checks them).
+    ///
+    /// # Errors
+    /// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
+    /// directory in use; on resume, data or settings that no longer give the run's identity.
+    pub(super) fn setup(config: RunConfig, opts: &'a TrainOptions) -> Result<(Self, Start)> {
+        config.validate()?;
+        if let Some(stop) = opts.stop_at
+            && stop == 0
+        {
+            return Err(TrainError::Invalid {
+                name: "--stop-at",
+                value: "0".into(),
+                rule: "must be >= 1".into(),
+            });
+        }
+        if let (Some(name), false) = (&opts.from_checkpoint, opts.resume) {
+            return Err(TrainError::Invalid {
+                name: "--from-checkpoint",
+                value: name.clone(),
+                rule: "only resumes (it needs --resume)".into(),
+            });
+        }
+        let device_names = config.device_names();
+        let replicas = device_names
+            .iter()
+            .map(|name| open_device(name))
+            .collect::<Result<Vec<Device>>>()?;
+        let t = config.train.clone();
+        let lock = RunLock::acquire(&opts.run_dir)?;
+        let start = open_run(&config, opts)?;
+        let resume = matches!(start, Start::Resume(_));
+        tracing::info!(
+            run_dir = %opts.run_dir.display(),
+            devices = %device_names.join(" + "),
+            cpu_threads = relation_kernels::cpu_threads(),
+            resume,
+            "run start"
+        );
+
+        let corpus = data::prepare(&config.data, &mut |line| println!("{line}"))?;
+        let model_config = config.model.resolve(corpus.meta.vocab_size)?;
+        let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
+        write_or_check_identity(&opts.run_dir, &config, resume, &corpus, &model_json)?;
+        let tokenizer = corpus
+            .tokenizer_json
+            .parse::<Tokenizer>()
+            .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+        let run = Self {
+            opts,
+            config,
+            t,
+            device_names,
+            replicas,
+            resume,
+            corpus,
+            tokenizer,
+            model_config,
+            model_json,
+            _lock: lock,
+        };
+        Ok((run, start))
+    }
+
+    /// The model at step 0 on the first device: the run's seed fixes its weights (a resume
+    /// then loads the saved ones into it).
+    ///
+    /// # Errors
+    /// A configuration the model refuses.
+    pub(super) fn init_model(&self) -> Result<RelationLm> {
+        let device = &self.replicas[0];
+        device.seed(self.t.seed);
+        Ok(self.model_config.init(device)?)
+    }
+
+    /// Prints the run's one-line description: the model, its ablation switches, the devices
+    /// and the step size.
+    pub(super) fn announce(&self, model: &RelationLm) {
+        let c = &self.model_config;
+        let t = &self.t;
+        println!(
+            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads) | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
+            c.n_layers,
+            c.pattern,
+            switches(c),
+            c.d_model,
+            c.n_heads,
+            model.num_params() as f64 / 1e6,
+            c.vocab_size,
+            self.device_names.join(" + "),
+            relation_kernels::cpu_threads(),
+            t.batch_size,
+            t.seq_len,
+            t.accumulation(),
+            t.effective_tokens_per_step(),
+            t.steps
+        );
+    }
+}
+
+/// The run directory's identity (model, tokenizer, data): written by a fresh start with the
+/// configuration, compared by a resume, which refuses data or settings that changed.
+///
+/// # Errors
+/// [`TrainError::RunDir`] naming the file that differs; I/O errors.
+fn write_or_check_identity(
+    run: &Path,
+    config: &RunConfig,
+    resume: bool,
+    corpus: &Corpus,
+    model_json: &str,
+) -> Result<()> {
+    // The corpus's identity: the tokenized corpus's cache key (a hash of every unit's text,
+    // its side of the split and the tokenizer settings) and its sizes, so a resume notices
+    // changed data even when the tokenizer is given rather than trained on it.
+    let data_json = serde_json::to_string_pretty(&serde_json::json!({
+        "corpus": corpus.cache.file_name().map(|n| n.to_string_lossy().into_owned()),
+        "train_tokens": corpus.meta.train_tokens,
+        "val_tokens": corpus.meta.val_tokens,
+    }))
+    .expect("json serializes");
+    if !resume {
+        let config_json = serde_json::to_string_pretty(config).expect("config serializes");
+        write_atomic(&run.join("config.json"), config_json.as_bytes())?;
+        write_atomic(&run.join("model.json"), model_json.as_bytes())?;
+        write_atomic(&run.join("data.json"), data_json.as_bytes())?;
+        return write_atomic(
+            &run.join("tokenizer.json"),
+            corpus.tokenizer_json.as_bytes(),
+        );
+    }
+    for (name, now) in [
+        ("model.json", model_json),
+        ("tokenizer.json", corpus.tokenizer_json.as_str()),
+        ("data.json", data_json.as_str()),
+    ] {
+        let path = run.join(name);
+        if name == "data.json" && !path.exists() {
+            continue; // a run started before data.json existed
+        }
+        let saved = fs::read_to_string(&path).map_err(io(&path))?;
+        if saved != now {
+            return Err(TrainError::RunDir {
+                path: run.to_path_buf(),
+                reason: format!(
+                    "{name} differs from what this configuration and data produce now (data or settings changed since the run started); resume refused"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// One `--device` name as an autodiff device, telling the trace which path the model's
+/// Relation layers take there (they ask for [`relation_kernels::Strategy::Auto`]).
+fn open_device(name: &str) -> Result<Device> {
+    let device = parse_device(name)?;
+    tracing::info!(
+        device = name,
+        strategy = if relation_kernels::has_kernels(&device) {
+            "auto: fused kernels"
+        } else {
+            "auto: reference (no fused kernels on this device)"
+        },
+        "device"
+    );
+    Ok(device.autodiff())
+}
+
+/// The Relation switches that differ from the paper's defaults (ablations), as ` (…)`, or
+/// nothing.
+fn switches(c: &RelationLmConfig) -> String {
+    let mut switches = Vec::new();
+    if c.tau != relation_core::DEFAULT_TAU {
+        switches.push(format!("tau {}", c.tau));
+    }
+    if c.lambda_init != relation_core::DEFAULT_LAMBDA || !c.lambda_trainable {
+        let how = if c.lambda_trainable {
+            "init"
+        } else {
+            "frozen at"
+        };
+        switches.push(format!("lambda {how} {}", c.lambda_init));
+    }
+    if !c.givens {
+        switches.push("no Givens".into());
+    }
+    if switches.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", switches.join(", "))
+    }
+}
