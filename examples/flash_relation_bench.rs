@@ -27,81 +27,39 @@ use std::time::Duration;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Tensor};
+use clap::Parser;
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_parallel_relation};
 use relation_examples::counting::Counting;
-use relation_examples::{bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
-use relation_kernels::device::parse_device;
+use relation_examples::{
+    BenchArgs, bytes_held_by, device_label, mib, ms, parse_dtype, peak_bytes, time_on,
+};
 use relation_kernels::{Strategy, flash_relation, has_kernels};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
 
-struct Args {
-    device: String,
-    seqs: Vec<usize>,
-    batch: usize,
-    heads: usize,
-    head_dim: usize,
-    iters: usize,
-    dtype: DType,
-    out: Option<String>,
-    skip_materialized_above: usize,
-    skip_attention_above: usize,
-}
+/// `--seqs` and `--iters` without the flags.
+const SEQS: [usize; 5] = [256, 512, 1024, 2048, 4096];
+const ITERS: u32 = 5;
 
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        device: "flex".into(),
-        seqs: vec![256, 512, 1024, 2048, 4096],
-        batch: 1,
-        heads: 8,
-        head_dim: 64,
-        iters: 5,
-        dtype: DType::F32,
-        out: None,
-        skip_materialized_above: 8192,
-        skip_attention_above: 1 << 20,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--device" => args.device = value()?,
-            "--seqs" => {
-                args.seqs = value()?
-                    .split(',')
-                    .map(|s| s.parse().map_err(|e| format!("--seqs: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--batch" => args.batch = number(value()?)?,
-            "--heads" => args.heads = number(value()?)?,
-            "--head-dim" => args.head_dim = number(value()?)?,
-            "--iters" => args.iters = number(value()?)?.max(1),
-            "--max-materialized" => args.skip_materialized_above = number(value()?)?,
-            "--max-attention" => args.skip_attention_above = number(value()?)?,
-            "--dtype" => {
-                args.dtype = match value()?.as_str() {
-                    "f32" => DType::F32,
-                    "f16" => DType::F16,
-                    "bf16" => DType::BF16,
-                    other => return Err(format!("--dtype: unknown `{other}` (f32, f16, bf16)")),
-                }
-            }
-            "--out" => args.out = Some(value()?),
-            "--help" | "-h" => {
-                return Err(
-                    "flags: --device flex|wgpu|vulkan|cuda|cpu --seqs 256,512 --batch 1 --heads 8 \
-                            --head-dim 64 --iters 5 --dtype f32|f16|bf16 --max-materialized 8192 \
-                            --max-attention T --out FILE"
-                        .into(),
-                );
-            }
-            other => return Err(format!("unknown flag `{other}` (see --help)")),
-        }
-    }
-    Ok(args)
+/// FlashRelation against the materialized reference and Burn's causal attention.
+#[derive(Debug, clap::Parser)]
+struct Args {
+    #[command(flatten)]
+    bench: BenchArgs,
+    /// Batch size B.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Input dtype (f32 accumulation inside the kernels either way).
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
+    dtype: DType,
+    /// Skip the materialized reference above this T (its `T x T` buffers).
+    #[arg(long = "max-materialized", default_value_t = 8192, value_name = "T")]
+    skip_materialized_above: usize,
+    /// Skip Burn's attention above this T.
+    #[arg(long = "max-attention", default_value_t = 1 << 20, value_name = "T")]
+    skip_attention_above: usize,
 }
 
 #[derive(Clone, Copy)]
@@ -164,13 +122,13 @@ struct Measure {
 }
 
 fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure {
-    let dims = [args.batch, seq, args.heads, args.head_dim];
+    let dims = [args.batch, seq, args.bench.heads, args.bench.head_dim];
     let make = |seed, device: &Device| uniform(dims, seed, 1.0, device, args.dtype);
     let lambda = |device: &Device| Tensor::<1>::from_data([0.5f32], device).cast(args.dtype);
 
     // Forward only.
     let (p1, p2, info) = (make(1, device), make(2, device), make(3, device));
-    let forward = time_on(device, args.iters, &mut || {
+    let forward = time_on(device, args.bench.iters_or(ITERS), &mut || {
         let _ = run(method, p1.clone(), p2.clone(), info.clone(), lambda(device));
     });
 
@@ -181,7 +139,7 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
         make(2, &ad).require_grad(),
         make(3, &ad).require_grad(),
     );
-    let train = time_on(device, args.iters, &mut || {
+    let train = time_on(device, args.bench.iters_or(ITERS), &mut || {
         let y = run(method, p1.clone(), p2.clone(), info.clone(), lambda(&ad));
         let grads = y.sum().backward();
         let _ = (p1.grad(&grads), p2.grad(&grads), info.grad(&grads));
@@ -205,20 +163,8 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
 }
 
 fn main() {
-    let args = match parse() {
-        Ok(args) => args,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
-    let device = match parse_device(&args.device) {
-        Ok(device) => device,
-        Err(message) => {
-            eprintln!("{message}");
-            std::process::exit(2);
-        }
-    };
+    let args = Args::parse();
+    let device = args.bench.device();
     let methods: Vec<Method> = if has_kernels(&device) {
         vec![Method::Fused, Method::Materialized, Method::BurnAttention]
     } else {
@@ -229,15 +175,15 @@ fn main() {
         "FlashRelation benchmark on {}, B = {}, H = {}, D = {}, {:?}, mean of {} iterations\n\n",
         device_label(&device),
         args.batch,
-        args.heads,
-        args.head_dim,
+        args.bench.heads,
+        args.bench.head_dim,
         args.dtype,
-        args.iters
+        args.bench.iters_or(ITERS)
     );
     table += "| T | method | forward ms | train ms | held after fwd MiB | train peak MiB | fwd / fused | train / fused |\n";
     table += "|---|---|---|---|---|---|---|---|\n";
     print!("{table}");
-    for &seq in &args.seqs {
+    for &seq in &args.bench.seqs_or(&SEQS) {
         let mut fused: Option<Measure> = None;
         for &method in &methods {
             if matches!(method, Method::Materialized) && seq > args.skip_materialized_above
@@ -269,7 +215,7 @@ fn main() {
             }
         }
     }
-    if let Some(path) = &args.out {
+    if let Some(path) = &args.bench.out {
         std::fs::write(path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
     }
 }

@@ -4,7 +4,65 @@
 
 use std::time::{Duration, Instant};
 
-use burn::tensor::Device;
+use burn::tensor::{DType, Device};
+
+/// The flags every benchmark takes (`#[command(flatten)]` into its own `clap::Parser`).
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Device: flex (the CPU), wgpu, vulkan, metal, cuda[:i], rocm[:i], cpu (CubeCL's CPU
+    /// runtime), ndarray; the backend's cargo feature must be on.
+    #[arg(long, default_value = "flex")]
+    pub device: String,
+    /// Sequence lengths T to measure, comma separated (default: the benchmark's own).
+    #[arg(long, value_delimiter = ',')]
+    pub seqs: Vec<usize>,
+    /// Heads H.
+    #[arg(long, default_value_t = 8)]
+    pub heads: usize,
+    /// Head dimension D.
+    #[arg(long, default_value_t = 64)]
+    pub head_dim: usize,
+    /// Timed iterations per measurement, after one warm-up (default: the benchmark's own).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub iters: Option<u32>,
+    /// Also write the result table to this file.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<std::path::PathBuf>,
+}
+
+impl BenchArgs {
+    /// The device `--device` names; exits with the parser's message (status 2) otherwise.
+    pub fn device(&self) -> Device {
+        relation_kernels::device::parse_device(&self.device).unwrap_or_else(|err| {
+            eprintln!("error: --device: {err}");
+            std::process::exit(2)
+        })
+    }
+
+    /// `--seqs`, or `default` without it.
+    pub fn seqs_or(&self, default: &[usize]) -> Vec<usize> {
+        if self.seqs.is_empty() {
+            default.to_vec()
+        } else {
+            self.seqs.clone()
+        }
+    }
+
+    /// `--iters`, or `default` without it.
+    pub fn iters_or(&self, default: u32) -> usize {
+        self.iters.unwrap_or(default) as usize
+    }
+}
+
+/// `--dtype f32|f16|bf16` for `clap` (`value_parser = parse_dtype`).
+pub fn parse_dtype(s: &str) -> Result<DType, String> {
+    match s {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => Err(format!("unknown dtype `{other}` (f32, f16, bf16)")),
+    }
+}
 
 /// Mean time of `iters` calls of `f` after one warm-up call (compilation, autotune, allocation),
 /// waiting for the device to finish before reading the clock.

@@ -18,75 +18,43 @@ use std::io::Write;
 use std::time::Duration;
 
 use burn::tensor::{DType, Device, Tensor};
+use clap::Parser;
 use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
 use relation_examples::counting::Counting;
-use relation_examples::{bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
+use relation_examples::{BenchArgs, bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
-use relation_kernels::device::parse_device;
 use relation_kernels::{
     CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, fused_recurrent_linear_relation,
     linear_relation_step,
 };
 
+/// `--seqs` and `--iters` without the flags.
+const SEQS: [usize; 3] = [1024, 2048, 4096];
+const ITERS: u32 = 3;
+
+/// Linear Relation (chunked, recurrent) against FlashRelation, and one decoding step.
+#[derive(Debug, clap::Parser)]
 struct Args {
-    device: String,
-    seqs: Vec<usize>,
-    heads: usize,
-    head_dim: usize,
-    iters: usize,
+    #[command(flatten)]
+    bench: BenchArgs,
+    /// Tokens per chunk of the chunked kernel (16, 32 or 64).
+    #[arg(long, default_value_t = 64, value_parser = chunk_size)]
     chunk: usize,
+    /// Skip FlashRelation above this T (quadratic time).
+    #[arg(long, default_value_t = 16384, value_name = "T")]
     max_flash: usize,
-    out: Option<String>,
 }
 
-fn parse() -> Result<Args, String> {
-    let mut args = Args {
-        device: "flex".into(),
-        seqs: vec![1024, 2048, 4096],
-        heads: 8,
-        head_dim: 64,
-        iters: 3,
-        chunk: 64,
-        max_flash: 16384,
-        out: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
-        let number = |v: String| v.parse::<usize>().map_err(|e| format!("{flag}: {e}"));
-        match flag.as_str() {
-            "--device" => args.device = value()?,
-            "--seqs" => {
-                args.seqs = value()?
-                    .split(',')
-                    .map(|s| s.parse().map_err(|e| format!("--seqs: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
-            "--heads" => args.heads = number(value()?)?,
-            "--head-dim" => args.head_dim = number(value()?)?,
-            "--iters" => args.iters = number(value()?)?,
-            "--chunk" => args.chunk = number(value()?)?,
-            "--max-flash" => args.max_flash = number(value()?)?,
-            "--out" => args.out = Some(value()?),
-            "--help" | "-h" => {
-                return Err(format!(
-                    "flags: --device wgpu|vulkan|cuda --seqs 1024,2048 --heads 8 --head-dim 64 \
-                     --iters 3 --chunk {CHUNK_SIZES:?} (default 64) --max-flash 16384 --out FILE"
-                ));
-            }
-            other => return Err(format!("unknown flag `{other}` (see --help)")),
-        }
+fn chunk_size(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if CHUNK_SIZES.contains(&n) {
+        Ok(n)
+    } else {
+        Err(format!("must be one of {CHUNK_SIZES:?}, got {n}"))
     }
-    if !CHUNK_SIZES.contains(&args.chunk) {
-        return Err(format!(
-            "--chunk must be one of {CHUNK_SIZES:?}, got {}",
-            args.chunk
-        ));
-    }
-    Ok(args)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -117,7 +85,7 @@ struct Row {
 }
 
 fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
-    let dims = [1, seq, args.heads, args.head_dim];
+    let dims = [1, seq, args.bench.heads, args.bench.head_dim];
     let inputs = |device: &Device, grad: bool| {
         let make = |seed, scale, shift: f64| {
             let x: Tensor<4> = uniform(dims, seed, scale, device, DType::F32) + shift;
@@ -168,7 +136,7 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
         }
     };
     let x = inputs(device, false);
-    let forward = time_on(device, args.iters, &mut || {
+    let forward = time_on(device, args.bench.iters_or(ITERS), &mut || {
         let _ = run(&x);
     });
     let ad = device.clone().autodiff();
@@ -177,7 +145,7 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
         let grads = run(&x).sum().backward();
         let _ = x.iter().map(|t| t.grad(&grads)).collect::<Vec<_>>();
     };
-    let train = time_on(device, args.iters, &mut step);
+    let train = time_on(device, args.bench.iters_or(ITERS), &mut step);
     let held = bytes_held_by(device, || run(&x));
     let peak = peak_bytes(device, step);
     Row {
@@ -193,28 +161,22 @@ fn ratio(a: Duration, b: Duration) -> String {
 }
 
 fn main() {
-    let args = parse().unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2)
-    });
-    let device = parse_device(&args.device).unwrap_or_else(|message| {
-        eprintln!("{message}");
-        std::process::exit(2)
-    });
+    let args = Args::parse();
+    let device = args.bench.device();
     let mut table = format!(
         "Linear Relation (chunked, recurrent) vs FlashRelation on {}, B = 1, H = {}, D = {}, \
          chunk {}, f32\n\n\
          | T | method | fwd ms | train ms | held MiB | peak train MiB | fwd / chunk | train / chunk |\n\
          |---|---|---|---|---|---|---|---|\n",
         device_label(&device),
-        args.heads,
-        args.head_dim,
+        args.bench.heads,
+        args.bench.head_dim,
         args.chunk,
     );
     print!("{table}");
     let mut crossover = None;
     let mut largest = 0;
-    for &seq in &args.seqs {
+    for &seq in &args.bench.seqs_or(&SEQS) {
         let chunk = measure(Method::Chunk, &args, &device, seq);
         largest = seq;
         let mut rows = vec![(Method::Chunk, chunk)];
@@ -251,12 +213,17 @@ fn main() {
     }
 
     // One decoding step from a carried state: constant in T.
-    let dims = [1, 1, args.heads, args.head_dim];
+    let dims = [1, 1, args.bench.heads, args.bench.head_dim];
     let token: Vec<Tensor<4>> = (0..4)
         .map(|i| uniform(dims, 10 + i, 0.1, &device, DType::F32))
         .collect();
     let state = uniform(
-        [1, args.heads, args.head_dim, args.head_dim],
+        [
+            1,
+            args.bench.heads,
+            args.bench.head_dim,
+            args.bench.head_dim,
+        ],
         20,
         0.1,
         &device,
@@ -283,7 +250,7 @@ fn main() {
     );
     print!("{tail}");
     table += &tail;
-    if let Some(path) = &args.out {
+    if let Some(path) = &args.bench.out {
         std::fs::write(path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
     }
 }

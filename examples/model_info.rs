@@ -9,21 +9,30 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::tensor::{Int, Tensor, TensorData};
+use clap::Parser;
 use relation_kernels::device::parse_device;
 use relation_model::{RelationLmConfig, Sampling};
 
+/// Parameter counts of every preset, cache bytes per token, decoding speed with and without the
+/// cache.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Device for the decoding measurements (flex, wgpu, cuda, …; its feature must be on).
+    #[arg(long, default_value = "flex")]
+    device: String,
+    /// Preset whose decoding speed is measured.
+    #[arg(long, default_value = "small")]
+    preset: String,
+    /// Tokens generated per measurement.
+    #[arg(long, default_value_t = 48)]
+    tokens: usize,
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let flag = |name: &str, default: &str| {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or(default.into())
-    };
-    let device = parse_device(&flag("--device", "flex"))?;
-    let preset = flag("--preset", "small");
-    let new_tokens: usize = flag("--tokens", "48").parse()?;
+    let args = Args::parse();
+    let device = parse_device(&args.device)?;
+    let preset = args.preset;
+    let new_tokens = args.tokens;
 
     println!("| preset | layers / d / H x D / d_ff | pattern | parameters |");
     println!("|---|---|---|---|");

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use relation_model::RelationLmConfig;
+use relation_model::{LinearRelationMode, RelationLmConfig};
 use serde::{Deserialize, Serialize};
 
 use crate::{Result, TrainError, error::io};
@@ -66,6 +66,10 @@ pub struct ModelSpec {
     pub lambda_trainable: Option<bool>,
     /// `false` turns Givens head mixing off (and allows an odd head count, e.g. one head).
     pub givens: Option<bool>,
+    /// How the Linear Relation layers run (`"recurrent"`, the default, or
+    /// `{"chunked": {"chunk_size": N}}`; on the command line `--linear-mode chunked:N`). The
+    /// same function either way: it changes speed and rounding, never the parameters.
+    pub linear_mode: Option<LinearRelationMode>,
 }
 
 impl Default for ModelSpec {
@@ -81,6 +85,7 @@ impl Default for ModelSpec {
             lambda_init: None,
             lambda_trainable: None,
             givens: None,
+            linear_mode: None,
         }
     }
 }
@@ -127,6 +132,9 @@ impl ModelSpec {
         }
         if let Some(v) = self.givens {
             config.givens = v;
+        }
+        if let Some(v) = self.linear_mode {
+            config.linear_mode = v;
         }
         config.validate()?;
         Ok(config)

@@ -314,6 +314,57 @@ fn ablation_flags_train_and_are_recorded() {
     assert!(err.contains("heads"), "{err}");
 }
 
+/// `--linear-mode chunked:N` reaches the Linear Relation layers, the header and the saved model
+/// configuration; it computes the same function as the recurrent default (equal first loss, before
+/// any update); a chunk size the kernels lack is refused with the allowed ones.
+#[test]
+fn linear_mode_flag_selects_the_kernel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let first_loss = |name: &str, mode: Option<&str>| {
+        let run = tmp.path().join(name);
+        let mut args = with(tiny_args(&run, &cache, &corpus), "--steps", "2");
+        args = with(args, "--pattern", "L");
+        if let Some(mode) = mode {
+            args = with(args, "--linear-mode", mode);
+        }
+        let out = ok(&args);
+        let model: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("model.json")).unwrap())
+                .unwrap();
+        (out, model, rows(&run)[0]["loss"].as_f64().unwrap())
+    };
+    let (_, model, recurrent) = first_loss("recurrent", None);
+    assert_eq!(
+        model["linear_mode"],
+        serde_json::json!("recurrent"),
+        "{model}"
+    );
+    let (out, model, chunked) = first_loss("chunked", Some("chunked:16"));
+    assert!(
+        out.contains("Linear Relation chunked:16"),
+        "header names the mode:\n{out}"
+    );
+    assert_eq!(
+        model["linear_mode"],
+        serde_json::json!({"chunked": {"chunk_size": 16}}),
+        "{model}"
+    );
+    assert!(
+        (recurrent - chunked).abs() < 1e-4,
+        "recurrent {recurrent} vs chunked {chunked}"
+    );
+
+    let bad = with(
+        tiny_args(&tmp.path().join("bad"), &cache, &corpus),
+        "--linear-mode",
+        "chunked:7",
+    );
+    let err = fails_with(&bad, &[], "chunk");
+    assert!(err.contains('7') && err.contains("64"), "{err}");
+}
+
 /// `relation report` turns a folder of `<variant>-s<seed>` runs into the table and two plots;
 /// unfinished runs are listed, not averaged.
 #[test]

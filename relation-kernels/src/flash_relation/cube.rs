@@ -60,7 +60,7 @@ pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward};
-use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, load_head_rows};
+use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, head_of, load_head_rows};
 
 #[cube]
 pub(super) fn sigmoid(x: f32) -> f32 {
@@ -83,16 +83,10 @@ fn flash_relation_fwd_kernel<F: Float>(
     #[comptime] save_ibar: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = p1.shape(1);
-    let heads = p1.shape(2);
-    let bh = CUBE_POS_Y as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
+    let at = head_of::<F>(p1, CUBE_POS_Y as usize, head_dim);
     let block_q = CUBE_DIM_X as usize;
-    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
-    let base = batch * seq * row_stride + head * head_dim;
     let i = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
-    let in_range = i < seq;
+    let in_range = i < at.seq;
 
     // This unit's query, pre-scaled by 1/sqrt(D), and its Exchange accumulator.
     let mut q = Array::<f32>::new(head_dim);
@@ -102,7 +96,7 @@ fn flash_relation_fwd_kernel<F: Float>(
         q[d] = 0.0f32;
         z[d] = 0.0f32;
         if in_range {
-            q[d] = f32::cast_from(p1[base + i * row_stride + d]) * scale;
+            q[d] = f32::cast_from(p1[at.base + i * at.row_stride + d]) * scale;
         }
     }
     let mut m = f32::new(0.0);
@@ -113,14 +107,14 @@ fn flash_relation_fwd_kernel<F: Float>(
 
     // Keys j < i: the cube's last row is `cube_end - 1`, so it needs keys 0 .. cube_end - 1.
     let mut cube_end = (CUBE_POS_X as usize + 1) * block_q;
-    if cube_end > seq {
-        cube_end = seq;
+    if cube_end > at.seq {
+        cube_end = at.seq;
     }
     let num_blocks = (cube_end - 1).div_ceil(block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        load_head_rows::<F>(p2, &mut k_tile, base, j0, block_k, head_dim, false);
-        load_head_rows::<F>(info, &mut v_tile, base, j0, block_k, head_dim, false);
+        load_head_rows::<F>(p2, &mut k_tile, at.base, j0, block_k, head_dim, false);
+        load_head_rows::<F>(info, &mut v_tile, at.base, j0, block_k, head_dim, false);
         sync_cube();
 
         if in_range && i > j0 {
@@ -156,7 +150,7 @@ fn flash_relation_fwd_kernel<F: Float>(
     }
 
     if in_range {
-        let row = base + i * row_stride;
+        let row = at.base + i * at.row_stride;
         let mut u_self = f32::new(0.0);
         #[unroll]
         for d in 0..head_dim {
@@ -181,7 +175,7 @@ fn flash_relation_fwd_kernel<F: Float>(
                 ibar_out[row + d] = F::cast_from(ibar);
             }
         }
-        let srow = (batch * seq * heads + i * heads + head) * STATS;
+        let srow = (at.batch * at.seq * at.heads + i * at.heads + at.head) * STATS;
         stats[srow] = lse;
         stats[srow + 1] = s;
         stats[srow + 2] = g;

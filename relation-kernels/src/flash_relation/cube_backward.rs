@@ -7,11 +7,11 @@ use burn::tensor::{DType, Shape, Slice};
 use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
+use super::STATS;
 use super::cube::sigmoid;
-use super::{NO_HISTORY_LSE, STATS};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashGrads};
-use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, load_head_rows, load_rows};
+use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, head_of, load_head_rows, load_rows};
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: `L`, `S`, `g`, `dA`, `D`, `dA log i`.
 const ROWS: usize = 6;
@@ -69,23 +69,17 @@ fn flash_relation_dq_kernel<F: Float>(
     #[comptime] block_k: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = p1.shape(1);
-    let heads = p1.shape(2);
-    let bh = CUBE_POS_Y as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
+    let at = head_of::<F>(p1, CUBE_POS_Y as usize, head_dim);
     let block_q = CUBE_DIM_X as usize;
-    let row_stride = heads * head_dim;
-    let base = batch * seq * row_stride + head * head_dim;
     let i = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
-    let in_range = i < seq;
+    let in_range = i < at.seq;
 
     let mut q = Array::<f32>::new(head_dim);
     let mut dibar = Array::<f32>::new(head_dim);
     let mut acc = Array::<f32>::new(head_dim);
     let mut lse = f32::new(0.0);
     let mut offset = f32::new(0.0); // dA_i - D_i
-    let ridx = (batch * seq * heads + i * heads + head) * ROWS;
+    let ridx = (at.batch * at.seq * at.heads + i * at.heads + at.head) * ROWS;
     if in_range {
         lse = rows[ridx];
         offset = rows[ridx + 3] - rows[ridx + 4];
@@ -96,22 +90,22 @@ fn flash_relation_dq_kernel<F: Float>(
         dibar[d] = 0.0f32;
         acc[d] = 0.0f32;
         if in_range {
-            q[d] = f32::cast_from(p1[base + i * row_stride + d]) * scale;
-            dibar[d] = f32::cast_from(dy[base + i * row_stride + d]) * rows[ridx + 2];
+            q[d] = f32::cast_from(p1[at.base + i * at.row_stride + d]) * scale;
+            dibar[d] = f32::cast_from(dy[at.base + i * at.row_stride + d]) * rows[ridx + 2];
         }
     }
 
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut cube_end = (CUBE_POS_X as usize + 1) * block_q;
-    if cube_end > seq {
-        cube_end = seq;
+    if cube_end > at.seq {
+        cube_end = at.seq;
     }
     let num_blocks = (cube_end - 1).div_ceil(block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        load_head_rows::<F>(p2, &mut k_tile, base, j0, block_k, head_dim, false);
-        load_head_rows::<F>(info, &mut v_tile, base, j0, block_k, head_dim, false);
+        load_head_rows::<F>(p2, &mut k_tile, at.base, j0, block_k, head_dim, false);
+        load_head_rows::<F>(info, &mut v_tile, at.base, j0, block_k, head_dim, false);
         sync_cube();
         if in_range && i > j0 {
             let mut count = i - j0;
@@ -139,7 +133,7 @@ fn flash_relation_dq_kernel<F: Float>(
     }
 
     if in_range {
-        let row = base + i * row_stride;
+        let row = at.base + i * at.row_stride;
         // Diagonal: dU_ii = dS S (1 - S) / tau with dS = -dA.
         let s = rows[ridx + 1];
         let du_self = -rows[ridx + 3] * s * (1.0f32 - s) * inv_tau;
@@ -167,17 +161,10 @@ fn flash_relation_dkdv_kernel<F: Float>(
     #[comptime] block_k: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = p1.shape(1);
-    let heads = p1.shape(2);
-    let bh = CUBE_POS_Y as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
+    let at = head_of::<F>(p1, CUBE_POS_Y as usize, head_dim);
     let block_q = CUBE_DIM_X as usize;
-    let row_stride = heads * head_dim;
-    let base = batch * seq * row_stride + head * head_dim;
-    let rows_base = batch * seq * heads + head; // row index of (batch, t = 0, head)
     let j = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
-    let in_range = j < seq;
+    let in_range = j < at.seq;
 
     let mut k = Array::<f32>::new(head_dim);
     let mut v = Array::<f32>::new(head_dim);
@@ -190,8 +177,8 @@ fn flash_relation_dkdv_kernel<F: Float>(
         acc_k[d] = 0.0f32;
         acc_v[d] = 0.0f32;
         if in_range {
-            k[d] = f32::cast_from(p2[base + j * row_stride + d]);
-            v[d] = f32::cast_from(info[base + j * row_stride + d]);
+            k[d] = f32::cast_from(p2[at.base + j * at.row_stride + d]);
+            v[d] = f32::cast_from(info[at.base + j * at.row_stride + d]);
         }
     }
 
@@ -201,16 +188,16 @@ fn flash_relation_dkdv_kernel<F: Float>(
 
     // Queries i > j, from the tile holding the cube's first column + 1 to the end.
     let first = (CUBE_POS_X as usize * block_q + 1) / block_k;
-    let num_blocks = seq.div_ceil(block_k);
+    let num_blocks = at.seq.div_ceil(block_k);
     for kb in first..num_blocks {
         let i0 = kb * block_k;
         load_rows::<F>(
             p1,
             &mut q_tile,
-            base,
-            row_stride,
+            at.base,
+            at.row_stride,
             i0,
-            seq,
+            at.seq,
             scale,
             block_k,
             head_dim,
@@ -220,9 +207,10 @@ fn flash_relation_dkdv_kernel<F: Float>(
         while idx < block_k * head_dim {
             let i = i0 + idx / head_dim;
             let mut gv = f32::new(0.0);
-            if i < seq {
-                let ridx = (rows_base + i * heads) * ROWS;
-                gv = f32::cast_from(dy[base + i * row_stride + idx % head_dim]) * rows[ridx + 2]; // dĪ_i
+            if i < at.seq {
+                let ridx = (at.rows_base + i * at.heads) * ROWS;
+                gv = f32::cast_from(dy[at.base + i * at.row_stride + idx % head_dim])
+                    * rows[ridx + 2]; // dĪ_i
             }
             g_tile[idx] = gv;
             idx += block_q;
@@ -232,8 +220,8 @@ fn flash_relation_dkdv_kernel<F: Float>(
             let i = i0 + idx;
             let mut lse = f32::new(0.0);
             let mut offset = f32::new(0.0);
-            if i < seq {
-                let ridx = (rows_base + i * heads) * ROWS;
+            if i < at.seq {
+                let ridx = (at.rows_base + i * at.heads) * ROWS;
                 lse = rows[ridx];
                 offset = rows[ridx + 3] - rows[ridx + 4];
             }
@@ -245,7 +233,7 @@ fn flash_relation_dkdv_kernel<F: Float>(
         if in_range {
             for ii in 0..block_k {
                 let i = i0 + ii;
-                if i > j && i < seq {
+                if i > j && i < at.seq {
                     let mut u = f32::new(0.0);
                     let mut dpi = f32::new(0.0);
                     #[unroll]
@@ -268,8 +256,8 @@ fn flash_relation_dkdv_kernel<F: Float>(
     }
 
     if in_range {
-        let row = base + j * row_stride;
-        let ridx = (rows_base + j * heads) * ROWS;
+        let row = at.base + j * at.row_stride;
+        let ridx = (at.rows_base + j * at.heads) * ROWS;
         let g = rows[ridx + 2];
         let s = rows[ridx + 1];
         let du_self = -rows[ridx + 3] * s * (1.0f32 - s) * inv_tau;

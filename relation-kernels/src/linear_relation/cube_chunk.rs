@@ -125,7 +125,9 @@ use cubecl::{client::Client, prelude::*};
 use crate::launches;
 
 pub(crate) use super::cube_chunk_backward::backward;
-use crate::tile::cube::{column_units, empty_like, empty_like_dtype, load_lanes, store_lanes};
+use crate::tile::cube::{
+    HeadOf, column_units, empty_like, empty_like_dtype, head_of, load_lanes, store_lanes,
+};
 
 /// Largest sub-tile edge of `chunk_output`.
 const MAX_SUB: usize = 16;
@@ -168,12 +170,70 @@ pub(super) fn add_outer_lanes<F: Float>(
     }
 }
 
+/// `tile[r·D + c] = x_j[c] · e^{±running[m]}` after `running[m] += g_j[c]`, for this unit's lanes
+/// `c = u + m·units < D` and rows `j = first + r < end` (zero past `end`): a sub-tile of keys or
+/// queries scaled by the decay that the running sum of the log gates gives them (`negate`
+/// picks the sign: `+` for `q_t e^{b_t}`, `-` from `running = -b_last` for `k_j e^{b_last - b_j}`).
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn decayed_rows<F: Float>(
+    x: &Tensor<F>,
+    g: &Tensor<F>,
+    tile: &mut Shared<[f32]>,
+    running: &mut Array<f32>,
+    at: &HeadOf,
+    first: usize,
+    end: usize,
+    #[comptime] negate: bool,
+    #[comptime] sub: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+) {
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        let c = at.u + m * at.units;
+        if c < head_dim {
+            for r in 0..sub {
+                let j = first + r;
+                let mut value = f32::new(0.0);
+                if j < end {
+                    let at_j = at.base + j * at.row_stride + c;
+                    running[m] += f32::cast_from(g[at_j]);
+                    let mut exponent = running[m];
+                    if comptime!(negate) {
+                        exponent = -exponent;
+                    }
+                    value = f32::cast_from(x[at_j]) * exponent.exp();
+                }
+                tile[r * head_dim + c] = value;
+            }
+        }
+    }
+}
+
+/// `lanes[m·D + kk] *= decay[kk]` for every lane: a state's columns decayed over a chunk.
+#[cube]
+pub(super) fn decay_lanes(
+    lanes_of: &mut Array<f32>,
+    decay: &Shared<[f32]>,
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+) {
+    #[unroll(lanes == 1)]
+    for m in 0..lanes {
+        #[unroll]
+        for kk in 0..head_dim {
+            lanes_of[m * head_dim + kk] *= decay[kk];
+        }
+    }
+}
+
 /// Sequential pass over the chunks: chunk-start states and the final state.
 ///
 /// One cube per `(b, h)`; unit `u` owns column `u` of the state and, for the per-channel work,
 /// channel `u` (`decay[u] = e^{b_last[u]}`, column `u` of the decayed-key tile).
 #[cube(launch)]
-fn chunk_states_kernel<F: Float>(
+pub(super) fn chunk_states_kernel<F: Float>(
     k: &Tensor<F>,
     v: &Tensor<F>,
     g: &Tensor<F>,
@@ -187,95 +247,85 @@ fn chunk_states_kernel<F: Float>(
     #[comptime] write_final: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = k.shape(1);
-    let heads = k.shape(2);
-    let bh = CUBE_POS_X as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
-    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let at = head_of::<F>(k, CUBE_POS_X as usize, head_dim);
     let chunk = chunk as usize;
-    let n_chunks = seq.div_ceil(chunk);
-    let states_base = bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let n_chunks = at.seq.div_ceil(chunk);
+    let states_base = at.bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
 
     // C[:, c] of this unit's m-th column c = u + m * units at m * D.
     let mut st = Array::<f32>::new(comptime!(lanes * head_dim));
     load_lanes::<F>(
         h0,
         &mut st,
-        bh * head_dim * head_dim,
+        at.bh * head_dim * head_dim,
         head_dim,
         1,
         head_dim,
         lanes,
     );
-    let mut total = Array::<f32>::new(lanes); // b_last of channel c
-    let mut running = Array::<f32>::new(lanes); // b_j of channel c
+    let mut running = Array::<f32>::new(lanes); // b_j - b_last of channel c
     let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
     let mut kd = Shared::<[f32]>::new_slice(comptime!(sub * head_dim)); // k_j ⊙ e^{b_last - b_j}
 
     for n in 0..n_chunks {
         let c0 = n * chunk;
         let mut end = c0 + chunk;
-        if end > seq {
-            end = seq;
+        if end > at.seq {
+            end = at.seq;
         }
         // The chunk-start state C^(n).
         let chunk_base = states_base + n * head_dim * head_dim;
         store_lanes::<f32>(&st, states, chunk_base, head_dim, 1, head_dim, lanes);
         #[unroll(lanes == 1)]
         for m in 0..lanes {
-            let c = u + m * units;
+            let c = at.u + m * at.units;
             let mut sum = f32::new(0.0);
             if c < head_dim {
                 // b_last for channel c.
                 for t in c0..end {
-                    sum += f32::cast_from(g[base + t * row_stride + c]);
+                    sum += f32::cast_from(g[at.base + t * at.row_stride + c]);
                 }
                 decay[c] = sum.exp();
             }
-            total[m] = sum;
-            running[m] = f32::new(0.0);
+            // running = b_j - b_last: e^{-running} is k_j's decay to the chunk end.
+            running[m] = -sum;
         }
         sync_cube();
-        #[unroll(lanes == 1)]
-        for m in 0..lanes {
-            #[unroll]
-            for kk in 0..head_dim {
-                st[m * head_dim + kk] *= decay[kk];
-            }
-        }
+        decay_lanes(&mut st, &decay, head_dim, lanes);
         for js in 0..(end - c0).div_ceil(sub) {
             let j0 = c0 + js * sub;
-            #[unroll(lanes == 1)]
-            for m in 0..lanes {
-                let c = u + m * units;
-                if c < head_dim {
-                    for jj in 0..sub {
-                        let j = j0 + jj;
-                        let mut x = f32::new(0.0);
-                        if j < end {
-                            running[m] += f32::cast_from(g[base + j * row_stride + c]);
-                            x = f32::cast_from(k[base + j * row_stride + c])
-                                * (total[m] - running[m]).exp();
-                        }
-                        kd[jj * head_dim + c] = x;
-                    }
-                }
-            }
+            decayed_rows(
+                k,
+                g,
+                &mut kd,
+                &mut running,
+                &at,
+                j0,
+                end,
+                true,
+                sub,
+                head_dim,
+                lanes,
+            );
             sync_cube();
             // C[:, c] += sum_j kd_j v_j[c]
             add_outer_lanes::<F>(
-                &mut st, &kd, v, base, row_stride, j0, end, sub, head_dim, lanes,
+                &mut st,
+                &kd,
+                v,
+                at.base,
+                at.row_stride,
+                j0,
+                end,
+                sub,
+                head_dim,
+                lanes,
             );
             sync_cube();
         }
     }
     if comptime!(write_final) {
-        let final_base = out_base + seq * head_dim; // rows T.. of the bundle: C_T[k, c]
+        let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: C_T[k, c]
         store_lanes::<F>(&st, out, final_base, head_dim, 1, head_dim, lanes);
     }
 }
@@ -298,24 +348,15 @@ fn chunk_output_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
+    let at = head_of::<F>(q, CUBE_POS_Y as usize, head_dim);
     let n = CUBE_POS_X as usize;
-    let bh = CUBE_POS_Y as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
-    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
     let chunk = chunk as usize;
-    let n_chunks = seq.div_ceil(chunk);
-    let state_base = (bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let n_chunks = at.seq.div_ceil(chunk);
+    let state_base = (at.bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
     let c0 = n * chunk;
     let mut end = c0 + chunk;
-    if end > seq {
-        end = seq;
+    if end > at.seq {
+        end = at.seq;
     }
 
     // C^(n)[:, c] of this unit's m-th column at m * D.
@@ -334,20 +375,20 @@ fn chunk_output_kernel<F: Float>(
         // b_t and q_t ⊙ e^{b_t} for the rows of R, channel c.
         #[unroll(lanes == 1)]
         for m in 0..lanes {
-            let c = u + m * units;
+            let c = at.u + m * at.units;
             if c < head_dim {
                 let mut running = f32::new(0.0);
                 for t in c0..r0 {
-                    running += f32::cast_from(g[base + t * row_stride + c]);
+                    running += f32::cast_from(g[at.base + t * at.row_stride + c]);
                 }
                 for tt in 0..sub {
                     let t = r0 + tt;
                     let mut bt = f32::new(0.0);
                     let mut x = f32::new(0.0);
                     if t < end {
-                        running += f32::cast_from(g[base + t * row_stride + c]);
+                        running += f32::cast_from(g[at.base + t * at.row_stride + c]);
                         bt = running;
-                        x = f32::cast_from(q[base + t * row_stride + c]) * running.exp();
+                        x = f32::cast_from(q[at.base + t * at.row_stride + c]) * running.exp();
                     }
                     b_row[tt * head_dim + c] = bt;
                     qe[tt * head_dim + c] = x;
@@ -359,12 +400,12 @@ fn chunk_output_kernel<F: Float>(
         // Own value and the inter-chunk term: v_t[c] + sum_k q_t[k] e^{b_t[k]} C^(n)[k, c].
         #[unroll(lanes == 1)]
         for m in 0..lanes {
-            let c = u + m * units;
+            let c = at.u + m * at.units;
             for tt in 0..sub {
                 let t = r0 + tt;
                 let mut acc = f32::new(0.0);
                 if t < end && c < head_dim {
-                    acc = f32::cast_from(v[base + t * row_stride + c]);
+                    acc = f32::cast_from(v[at.base + t * at.row_stride + c]);
                     for kk in 0..head_dim {
                         acc += qe[tt * head_dim + kk] * st[m * head_dim + kk];
                     }
@@ -379,15 +420,15 @@ fn chunk_output_kernel<F: Float>(
             let j0 = c0 + js * sub;
             #[unroll(lanes == 1)]
             for m in 0..lanes {
-                let c = u + m * units;
+                let c = at.u + m * at.units;
                 for jj in 0..sub {
                     let j = j0 + jj;
                     let mut bj = f32::new(0.0);
                     let mut vv = f32::new(0.0);
                     if j < end && c < head_dim {
-                        running_j[m] += f32::cast_from(g[base + j * row_stride + c]);
+                        running_j[m] += f32::cast_from(g[at.base + j * at.row_stride + c]);
                         bj = running_j[m];
-                        vv = f32::cast_from(v[base + j * row_stride + c]);
+                        vv = f32::cast_from(v[at.base + j * at.row_stride + c]);
                     }
                     if c < head_dim {
                         b_col[jj * head_dim + c] = bj;
@@ -396,7 +437,7 @@ fn chunk_output_kernel<F: Float>(
                 }
             }
             sync_cube();
-            let mut idx = u;
+            let mut idx = at.u;
             while idx < comptime!(sub * sub) {
                 let tt = idx / sub;
                 let jj = idx % sub;
@@ -404,8 +445,8 @@ fn chunk_output_kernel<F: Float>(
                 let j = j0 + jj;
                 let mut a = f32::new(0.0);
                 if j < t && t < end {
-                    let qrow = base + t * row_stride;
-                    let krow = base + j * row_stride;
+                    let qrow = at.base + t * at.row_stride;
+                    let krow = at.base + j * at.row_stride;
                     for kk in 0..head_dim {
                         // b_t - b_j <= 0 for j < t: no overflow, whatever the gates.
                         let decay = (b_row[tt * head_dim + kk] - b_col[jj * head_dim + kk]).exp();
@@ -413,7 +454,7 @@ fn chunk_output_kernel<F: Float>(
                     }
                 }
                 scores[idx] = a;
-                idx += units;
+                idx += at.units;
             }
             sync_cube();
             #[unroll(lanes == 1)]
@@ -431,11 +472,11 @@ fn chunk_output_kernel<F: Float>(
 
         #[unroll(lanes == 1)]
         for m in 0..lanes {
-            let c = u + m * units;
+            let c = at.u + m * at.units;
             for tt in 0..sub {
                 let t = r0 + tt;
                 if t < end && c < head_dim {
-                    out[out_base + t * head_dim + c] = F::cast_from(y[m * sub + tt]);
+                    out[at.out_base + t * head_dim + c] = F::cast_from(y[m * sub + tt]);
                 }
             }
         }
@@ -444,7 +485,7 @@ fn chunk_output_kernel<F: Float>(
 
 /// Sub-tile edge of `chunk_output` for head dim `head_dim`: the largest power of two
 /// `<= min(16, chunk)` whose three `S x D` tiles and `S x S` scores fit the shared memory.
-fn sub_tile(client: &Client, head_dim: usize, chunk: usize) -> usize {
+pub(super) fn sub_tile(client: &Client, head_dim: usize, chunk: usize) -> usize {
     let budget = client
         .properties()
         .hardware

@@ -7,9 +7,13 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::cube_chunk::add_outer_lanes;
+use super::cube_chunk::{
+    add_outer_lanes, chunk_states_kernel, decay_lanes, decayed_rows, sub_tile,
+};
 use crate::launches;
-use crate::tile::cube::{column_units, empty_like, empty_like_dtype, load_lanes, store_lanes};
+use crate::tile::cube::{
+    column_units, empty_like, empty_like_dtype, head_of, load_lanes, store_lanes,
+};
 
 /// Largest chunk of the backward kernels (their `L x L` score matrices live in shared memory).
 const MAX_CHUNK: usize = 64;
@@ -33,23 +37,14 @@ fn chunk_dstates_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
-    let bh = CUBE_POS_X as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
-    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
+    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
     let chunk = chunk as usize;
-    let n_chunks = seq.div_ceil(chunk);
-    let states_base = bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let n_chunks = at.seq.div_ceil(chunk);
+    let states_base = at.bh * n_chunks * head_dim * head_dim; // [B, H, N, D, D]
 
     // dC[:, c] of this unit's m-th column c = u + m * units at m * D, from dC_T.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
+    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
     load_lanes::<F>(d_out, &mut grad, final_base, head_dim, 1, head_dim, lanes);
     let mut running = Array::<f32>::new(lanes); // b_t of channel c
     let mut decay = Shared::<[f32]>::new_slice(head_dim); // e^{b_last[k]}
@@ -59,56 +54,57 @@ fn chunk_dstates_kernel<F: Float>(
         let n = n_chunks - 1 - back;
         let c0 = n * chunk;
         let mut end = c0 + chunk;
-        if end > seq {
-            end = seq;
+        if end > at.seq {
+            end = at.seq;
         }
         // Gradient of the chunk-end state C^(n+1).
         let chunk_base = states_base + n * head_dim * head_dim;
         store_lanes::<f32>(&grad, dstates, chunk_base, head_dim, 1, head_dim, lanes);
         #[unroll(lanes == 1)]
         for m in 0..lanes {
-            let c = u + m * units;
+            let c = at.u + m * at.units;
             if c < head_dim {
                 // b_t for channel c, stored for the per-chunk kernels; b_last.
                 let mut sum = f32::new(0.0);
                 for t in c0..end {
-                    sum += f32::cast_from(g[base + t * row_stride + c]);
-                    bcum[base + t * row_stride + c] = sum;
+                    sum += f32::cast_from(g[at.base + t * at.row_stride + c]);
+                    bcum[at.base + t * at.row_stride + c] = sum;
                 }
                 decay[c] = sum.exp();
             }
             running[m] = f32::new(0.0);
         }
         sync_cube();
-        #[unroll(lanes == 1)]
-        for m in 0..lanes {
-            #[unroll]
-            for kk in 0..head_dim {
-                grad[m * head_dim + kk] *= decay[kk];
-            }
-        }
+        decay_lanes(&mut grad, &decay, head_dim, lanes);
         // + sum_t (q_t ⊙ e^{b_t}) dy_t[c].
         for ts in 0..(end - c0).div_ceil(sub) {
             let t0 = c0 + ts * sub;
-            #[unroll(lanes == 1)]
-            for m in 0..lanes {
-                let c = u + m * units;
-                if c < head_dim {
-                    for tt in 0..sub {
-                        let t = t0 + tt;
-                        let mut x = f32::new(0.0);
-                        if t < end {
-                            running[m] += f32::cast_from(g[base + t * row_stride + c]);
-                            x = f32::cast_from(q[base + t * row_stride + c]) * running[m].exp();
-                        }
-                        qe[tt * head_dim + c] = x;
-                    }
-                }
-            }
+            decayed_rows(
+                q,
+                g,
+                &mut qe,
+                &mut running,
+                &at,
+                t0,
+                end,
+                false,
+                sub,
+                head_dim,
+                lanes,
+            );
             sync_cube();
             // dC[:, c] += sum_t qe_t dy_t[c]  (dy rows of the bundled gradient: stride D)
             add_outer_lanes::<F>(
-                &mut grad, &qe, d_out, out_base, head_dim, t0, end, sub, head_dim, lanes,
+                &mut grad,
+                &qe,
+                d_out,
+                at.out_base,
+                head_dim,
+                t0,
+                end,
+                sub,
+                head_dim,
+                lanes,
             );
             sync_cube();
         }
@@ -116,7 +112,7 @@ fn chunk_dstates_kernel<F: Float>(
     store_lanes::<F>(
         &grad,
         dh0,
-        bh * head_dim * head_dim,
+        at.bh * head_dim * head_dim,
         head_dim,
         1,
         head_dim,
@@ -143,61 +139,52 @@ fn chunk_dqk_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
+    let at = head_of::<F>(q, CUBE_POS_Y as usize, head_dim);
     let batches = q.shape(0);
     let n = CUBE_POS_X as usize;
-    let bh = CUBE_POS_Y as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
-    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
     let chunk = chunk as usize;
-    let n_chunks = seq.div_ceil(chunk);
-    let state_base = (bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
-    let dk_offset = batches * seq * row_stride; // [2, B, T, H, D]
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let n_chunks = at.seq.div_ceil(chunk);
+    let state_base = (at.bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
+    let dk_offset = batches * at.seq * at.row_stride; // [2, B, T, H, D]
     let c0 = n * chunk;
     let mut end = c0 + chunk;
-    if end > seq {
-        end = seq;
+    if end > at.seq {
+        end = at.seq;
     }
     let len = end - c0;
 
     // dA[t, j] = dy_t · v_j for j < t (zero elsewhere), t, j local to the chunk.
     let mut da = Shared::<[f32]>::new_slice(comptime!(MAX_CHUNK * MAX_CHUNK));
-    let mut idx = u;
+    let mut idx = at.u;
     while idx < comptime!(MAX_CHUNK * MAX_CHUNK) {
         let tt = idx / MAX_CHUNK;
         let jj = idx % MAX_CHUNK;
         let mut a = f32::new(0.0);
         if jj < tt && tt < len {
-            let dy_row = out_base + (c0 + tt) * head_dim;
-            let v_row = base + (c0 + jj) * row_stride;
+            let dy_row = at.out_base + (c0 + tt) * head_dim;
+            let v_row = at.base + (c0 + jj) * at.row_stride;
             for c in 0..head_dim {
                 a += f32::cast_from(d_out[dy_row + c]) * f32::cast_from(v[v_row + c]);
             }
         }
         da[idx] = a;
-        idx += units;
+        idx += at.units;
     }
     sync_cube();
 
     #[unroll(lanes == 1)]
     for m in 0..lanes {
-        let ch = u + m * units;
+        let ch = at.u + m * at.units;
         // Units past D (the cube may be rounded up) only helped with the scores.
         if ch < head_dim {
-            let b_last = bcum[base + (end - 1) * row_stride + ch];
+            let b_last = bcum[at.base + (end - 1) * at.row_stride + ch];
             for tt in 0..len {
                 let t = c0 + tt;
-                let bt = bcum[base + t * row_stride + ch];
-                let at = base + t * row_stride + ch;
+                let bt = bcum[at.base + t * at.row_stride + ch];
+                let pos = at.base + t * at.row_stride + ch;
                 // dq_t[ch] = e^{b_t} (C^(n) dy_t)[ch] + sum_{j<t} dA[t, j] k_j[ch] e^{b_t - b_j}
                 let mut cdy = f32::new(0.0);
-                let dy_row = out_base + t * head_dim;
+                let dy_row = at.out_base + t * head_dim;
                 for c in 0..head_dim {
                     cdy +=
                         states[state_base + ch * head_dim + c] * f32::cast_from(d_out[dy_row + c]);
@@ -206,16 +193,16 @@ fn chunk_dqk_kernel<F: Float>(
                 for jj in 0..len {
                     if jj < tt {
                         let j = c0 + jj;
-                        let bj = bcum[base + j * row_stride + ch];
+                        let bj = bcum[at.base + j * at.row_stride + ch];
                         dq += da[tt * MAX_CHUNK + jj]
-                            * f32::cast_from(k[base + j * row_stride + ch])
+                            * f32::cast_from(k[at.base + j * at.row_stride + ch])
                             * (bt - bj).exp();
                     }
                 }
-                dqk[at] = F::cast_from(dq);
+                dqk[pos] = F::cast_from(dq);
                 // dk_t[ch] = sum_{s>t} dA[s, t] q_s[ch] e^{b_s - b_t} + e^{b_last - b_t} (G v_t)[ch]
                 let mut gv = f32::new(0.0);
-                let v_row = base + t * row_stride;
+                let v_row = at.base + t * at.row_stride;
                 for c in 0..head_dim {
                     gv += dstates[state_base + ch * head_dim + c] * f32::cast_from(v[v_row + c]);
                 }
@@ -223,13 +210,13 @@ fn chunk_dqk_kernel<F: Float>(
                 for ss in 0..len {
                     if ss > tt {
                         let s = c0 + ss;
-                        let bs = bcum[base + s * row_stride + ch];
+                        let bs = bcum[at.base + s * at.row_stride + ch];
                         dk += da[ss * MAX_CHUNK + tt]
-                            * f32::cast_from(q[base + s * row_stride + ch])
+                            * f32::cast_from(q[at.base + s * at.row_stride + ch])
                             * (bs - bt).exp();
                     }
                 }
-                dqk[dk_offset + at] = F::cast_from(dk);
+                dqk[dk_offset + pos] = F::cast_from(dk);
             }
         }
     }
@@ -250,62 +237,53 @@ fn chunk_dv_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
+    let at = head_of::<F>(q, CUBE_POS_Y as usize, head_dim);
     let n = CUBE_POS_X as usize;
-    let bh = CUBE_POS_Y as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
-    let row_stride = heads * head_dim; // contiguous [B, T, H, D]
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
     let chunk = chunk as usize;
-    let n_chunks = seq.div_ceil(chunk);
-    let state_base = (bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let n_chunks = at.seq.div_ceil(chunk);
+    let state_base = (at.bh * n_chunks + n) * head_dim * head_dim; // [B, H, N, D, D]
     let c0 = n * chunk;
     let mut end = c0 + chunk;
-    if end > seq {
-        end = seq;
+    if end > at.seq {
+        end = at.seq;
     }
     let len = end - c0;
 
     // A[t, j] = sum_k q_t[k] k_j[k] e^{b_t[k] - b_j[k]} for j < t (zero elsewhere).
     let mut scores = Shared::<[f32]>::new_slice(comptime!(MAX_CHUNK * MAX_CHUNK));
-    let mut idx = u;
+    let mut idx = at.u;
     while idx < comptime!(MAX_CHUNK * MAX_CHUNK) {
         let tt = idx / MAX_CHUNK;
         let jj = idx % MAX_CHUNK;
         let mut a = f32::new(0.0);
         if jj < tt && tt < len {
-            let t_row = base + (c0 + tt) * row_stride;
-            let j_row = base + (c0 + jj) * row_stride;
+            let t_row = at.base + (c0 + tt) * at.row_stride;
+            let j_row = at.base + (c0 + jj) * at.row_stride;
             for kk in 0..head_dim {
                 let decay = (bcum[t_row + kk] - bcum[j_row + kk]).exp();
                 a += f32::cast_from(q[t_row + kk]) * f32::cast_from(k[j_row + kk]) * decay;
             }
         }
         scores[idx] = a;
-        idx += units;
+        idx += at.units;
     }
     sync_cube();
 
-    let last_row = base + (end - 1) * row_stride;
+    let last_row = at.base + (end - 1) * at.row_stride;
     #[unroll(lanes == 1)]
     for m in 0..lanes {
-        let c = u + m * units;
+        let c = at.u + m * at.units;
         // Units past D (the cube may be rounded up) only helped with the scores.
         if c < head_dim {
             for jj in 0..len {
                 let j = c0 + jj;
-                let j_row = base + j * row_stride;
+                let j_row = at.base + j * at.row_stride;
                 // dv_j[c] = dy_j[c] + sum_{t>j} A[t, j] dy_t[c] + sum_k k_j[k] e^{b_last[k] - b_j[k]} G[k, c]
-                let mut acc = f32::cast_from(d_out[out_base + j * head_dim + c]);
+                let mut acc = f32::cast_from(d_out[at.out_base + j * head_dim + c]);
                 for tt in 0..len {
                     if tt > jj {
                         acc += scores[tt * MAX_CHUNK + jj]
-                            * f32::cast_from(d_out[out_base + (c0 + tt) * head_dim + c]);
+                            * f32::cast_from(d_out[at.out_base + (c0 + tt) * head_dim + c]);
                     }
                 }
                 for kk in 0..head_dim {

@@ -42,7 +42,8 @@ use cubecl::prelude::*;
 
 use crate::launches;
 use crate::tile::cube::{
-    column_units, empty_like, load_head_rows, load_lanes, load_tokens, store_lanes,
+    column_units, empty_like, head_of, load_bundle_rows, load_head_rows, load_lanes, rows_from,
+    store_lanes,
 };
 
 /// Tokens per shared-memory tile.
@@ -61,17 +62,8 @@ fn linear_relation_fwd_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
-    let bh = CUBE_POS_X as usize;
-    let batch = bh / heads;
-    let head = bh % heads;
-    let row_stride = heads * head_dim;
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim; // [B, H, T + D, D]
-    let h0_base = bh * head_dim * head_dim; // [B, H, D, D]
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
+    let h0_base = at.bh * head_dim * head_dim; // [B, H, D, D]
 
     // C[:, c] of this unit's m-th column at m * D.
     let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
@@ -81,22 +73,19 @@ fn linear_relation_fwd_kernel<F: Float>(
     let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
 
-    for tile in 0..seq.div_ceil(TOKENS) {
+    for tile in 0..at.seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_head_rows::<F>(q, &mut q_tile, base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(k, &mut k_tile, base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(g, &mut a_tile, base, t0, TOKENS, head_dim, true);
-        load_head_rows::<F>(v, &mut v_tile, base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(q, &mut q_tile, at.base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(k, &mut k_tile, at.base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(g, &mut a_tile, at.base, t0, TOKENS, head_dim, true);
+        load_head_rows::<F>(v, &mut v_tile, at.base, t0, TOKENS, head_dim, false);
         sync_cube();
-        let mut n = seq - t0;
-        if n > TOKENS {
-            n = TOKENS;
-        }
+        let n = rows_from(t0, at.seq, TOKENS);
         for tt in 0..n {
             let row = tt * head_dim;
             #[unroll(lanes == 1)]
             for m in 0..lanes {
-                let c = u + m * units;
+                let c = at.u + m * at.units;
                 if c < head_dim {
                     let s = m * head_dim;
                     let mut read = f32::new(0.0);
@@ -106,7 +95,7 @@ fn linear_relation_fwd_kernel<F: Float>(
                         read += q_tile[row + kk] * state[s + kk]; // ask others, before the write
                     }
                     let vc = v_tile[row + c];
-                    out[out_base + (t0 + tt) * head_dim + c] = F::cast_from(vc + read);
+                    out[at.out_base + (t0 + tt) * head_dim + c] = F::cast_from(vc + read);
                     #[unroll]
                     for kk in 0..head_dim {
                         state[s + kk] += k_tile[row + kk] * vc; // become others
@@ -116,7 +105,7 @@ fn linear_relation_fwd_kernel<F: Float>(
         }
         sync_cube();
     }
-    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: C_T[k, c]
+    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: C_T[k, c]
     store_lanes::<F>(&state, out, final_base, head_dim, 1, head_dim, lanes);
 }
 
@@ -134,61 +123,37 @@ fn linear_relation_dq_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = k.shape(1);
-    let heads = k.shape(2);
-    let bh = CUBE_POS_X as usize;
-    let head = bh % heads;
-    let batch = bh / heads;
-    let row_stride = heads * head_dim;
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim;
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let at = head_of::<F>(k, CUBE_POS_X as usize, head_dim);
 
     // C[r, :] of this unit's m-th row at m * D.
     let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
-    let h0_base = bh * head_dim * head_dim;
+    let h0_base = at.bh * head_dim * head_dim;
     load_lanes::<F>(h0, &mut state, h0_base, 1, head_dim, head_dim, lanes);
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
-    for tile in 0..seq.div_ceil(TOKENS) {
+    for tile in 0..at.seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_head_rows::<F>(v, &mut v_tile, base, t0, TOKENS, head_dim, false);
-        // dy rows of the bundled gradient [B, H, T + D, D]: row stride D from `out_base`.
-        load_rows::<F>(
-            d_out,
-            &mut dy_tile,
-            out_base,
-            head_dim,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
+        load_head_rows::<F>(v, &mut v_tile, at.base, t0, TOKENS, head_dim, false);
+        load_bundle_rows::<F>(d_out, &mut dy_tile, &at, t0, TOKENS, head_dim);
         sync_cube();
-        let mut n = seq - t0;
-        if n > TOKENS {
-            n = TOKENS;
-        }
+        let n = rows_from(t0, at.seq, TOKENS);
         for tt in 0..n {
             let t = t0 + tt;
             let row = tt * head_dim;
             #[unroll(lanes == 1)]
             for m in 0..lanes {
-                let r = u + m * units;
+                let r = at.u + m * at.units;
                 if r < head_dim {
                     let s = m * head_dim;
-                    let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
-                    let kr = f32::cast_from(k[base + t * row_stride + r]);
+                    let alpha = f32::cast_from(g[at.base + t * at.row_stride + r]).exp();
+                    let kr = f32::cast_from(k[at.base + t * at.row_stride + r]);
                     let mut acc = f32::new(0.0);
                     #[unroll]
                     for cc in 0..head_dim {
                         state[s + cc] *= alpha;
                         acc += state[s + cc] * dy_tile[row + cc];
                     }
-                    dq[base + t * row_stride + r] = F::cast_from(acc);
+                    dq[at.base + t * at.row_stride + r] = F::cast_from(acc);
                     #[unroll]
                     for cc in 0..head_dim {
                         state[s + cc] += kr * v_tile[row + cc];
@@ -213,52 +178,28 @@ fn linear_relation_dk_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
-    let bh = CUBE_POS_X as usize;
-    let head = bh % heads;
-    let batch = bh / heads;
-    let row_stride = heads * head_dim;
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim;
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
 
     // dC[r, :] of this unit's m-th row at m * D, from dC_T.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
+    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
     load_lanes::<F>(d_out, &mut grad, final_base, 1, head_dim, head_dim, lanes);
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
-    let tiles = seq.div_ceil(TOKENS);
+    let tiles = at.seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_head_rows::<F>(v, &mut v_tile, base, t0, TOKENS, head_dim, false);
-        // dy rows of the bundled gradient [B, H, T + D, D]: row stride D from `out_base`.
-        load_rows::<F>(
-            d_out,
-            &mut dy_tile,
-            out_base,
-            head_dim,
-            t0,
-            seq,
-            1.0,
-            TOKENS,
-            head_dim,
-            false,
-        );
+        load_head_rows::<F>(v, &mut v_tile, at.base, t0, TOKENS, head_dim, false);
+        load_bundle_rows::<F>(d_out, &mut dy_tile, &at, t0, TOKENS, head_dim);
         sync_cube();
-        let mut n = seq - t0;
-        if n > TOKENS {
-            n = TOKENS;
-        }
+        let n = rows_from(t0, at.seq, TOKENS);
         for back in 0..n {
             let tt = n - 1 - back;
             let t = t0 + tt;
             let row = tt * head_dim;
             #[unroll(lanes == 1)]
             for m in 0..lanes {
-                let r = u + m * units;
+                let r = at.u + m * at.units;
                 if r < head_dim {
                     let s = m * head_dim;
                     let mut acc = f32::new(0.0);
@@ -266,9 +207,9 @@ fn linear_relation_dk_kernel<F: Float>(
                     for cc in 0..head_dim {
                         acc += grad[s + cc] * v_tile[row + cc]; // dk_t = dC_t v_t
                     }
-                    dk[base + t * row_stride + r] = F::cast_from(acc);
-                    let qr = f32::cast_from(q[base + t * row_stride + r]);
-                    let alpha = f32::cast_from(g[base + t * row_stride + r]).exp();
+                    dk[at.base + t * at.row_stride + r] = F::cast_from(acc);
+                    let qr = f32::cast_from(q[at.base + t * at.row_stride + r]);
+                    let alpha = f32::cast_from(g[at.base + t * at.row_stride + r]).exp();
                     #[unroll]
                     for cc in 0..head_dim {
                         grad[s + cc] = alpha * (grad[s + cc] + qr * dy_tile[row + cc]); // dC_{t-1}
@@ -278,7 +219,7 @@ fn linear_relation_dk_kernel<F: Float>(
         }
         sync_cube();
     }
-    let h0_base = bh * head_dim * head_dim;
+    let h0_base = at.bh * head_dim * head_dim;
     store_lanes::<F>(&grad, dh0, h0_base, 1, head_dim, head_dim, lanes);
 }
 
@@ -294,51 +235,39 @@ fn linear_relation_dv_kernel<F: Float>(
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let seq = q.shape(1);
-    let heads = q.shape(2);
-    let bh = CUBE_POS_X as usize;
-    let head = bh % heads;
-    let batch = bh / heads;
-    let row_stride = heads * head_dim;
-    let base = batch * seq * row_stride + head * head_dim;
-    let out_base = bh * (seq + head_dim) * head_dim;
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
+    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
 
     // dC[:, c] of this unit's m-th column at m * D.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    let final_base = out_base + seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
+    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
     load_lanes::<F>(d_out, &mut grad, final_base, head_dim, 1, head_dim, lanes);
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
-    let tiles = seq.div_ceil(TOKENS);
+    let tiles = at.seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_head_rows::<F>(q, &mut q_tile, base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(k, &mut k_tile, base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(g, &mut a_tile, base, t0, TOKENS, head_dim, true);
+        load_head_rows::<F>(q, &mut q_tile, at.base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(k, &mut k_tile, at.base, t0, TOKENS, head_dim, false);
+        load_head_rows::<F>(g, &mut a_tile, at.base, t0, TOKENS, head_dim, true);
         sync_cube();
-        let mut n = seq - t0;
-        if n > TOKENS {
-            n = TOKENS;
-        }
+        let n = rows_from(t0, at.seq, TOKENS);
         for back in 0..n {
             let tt = n - 1 - back;
             let t = t0 + tt;
             let row = tt * head_dim;
             #[unroll(lanes == 1)]
             for m in 0..lanes {
-                let c = u + m * units;
+                let c = at.u + m * at.units;
                 if c < head_dim {
                     let s = m * head_dim;
-                    let dy = f32::cast_from(d_out[out_base + t * head_dim + c]);
+                    let dy = f32::cast_from(d_out[at.out_base + t * head_dim + c]);
                     let mut acc = dy;
                     #[unroll]
                     for kk in 0..head_dim {
                         acc += grad[s + kk] * k_tile[row + kk]; // dv_t = dy_t + dC_t^T k_t
                     }
-                    dv[base + t * row_stride + c] = F::cast_from(acc);
+                    dv[at.base + t * at.row_stride + c] = F::cast_from(acc);
                     #[unroll]
                     for kk in 0..head_dim {
                         grad[s + kk] = a_tile[row + kk] * (grad[s + kk] + q_tile[row + kk] * dy);

@@ -130,6 +130,103 @@ pub(crate) fn load_head_rows<F: Float>(
     );
 }
 
+/// Where the `(b, h)` pair of one cube lives in the layouts every kernel shares: the inputs
+/// `[B, T, H, D]` (contiguous), the per-row statistics `[B, T, H]` and the bundled Linear
+/// Relation output `[B, H, T + D, D]` (the `T` output rows, then the final state's `D` rows).
+/// Built once per kernel by [`head_of`]; also carries the unit's place in the cube.
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct HeadOf {
+    /// `T`.
+    pub seq: usize,
+    /// `H`.
+    pub heads: usize,
+    /// `b * H + h`, the cube's `(b, h)` pair.
+    pub bh: usize,
+    /// `b`.
+    pub batch: usize,
+    /// `h`.
+    pub head: usize,
+    /// `H * D`: from one token to the next in `[B, T, H, D]`.
+    pub row_stride: usize,
+    /// Offset of token 0 of `(b, h)` in `[B, T, H, D]`.
+    pub base: usize,
+    /// Row of token 0 of `(b, h)` in `[B, T, H]` (`b * T * H + h`).
+    pub rows_base: usize,
+    /// Offset of `(b, h)` in the bundled `[B, H, T + D, D]`.
+    pub out_base: usize,
+    /// This unit's index in the cube, `UNIT_POS_X`.
+    pub u: usize,
+    /// Units per cube, `CUBE_DIM_X`.
+    pub units: usize,
+}
+
+/// The [`HeadOf`] of cube index `bh` (= `b * H + h`), with `T` and `H` read from `x`, any
+/// `[B, T, H, D]` input.
+#[cube]
+pub(crate) fn head_of<F: Float>(x: &Tensor<F>, bh: usize, #[comptime] head_dim: usize) -> HeadOf {
+    let seq = x.shape(1);
+    let heads = x.shape(2);
+    let batch = bh / heads;
+    let head = bh % heads;
+    let row_stride = heads * head_dim;
+    HeadOf {
+        seq,
+        heads,
+        bh,
+        batch,
+        head,
+        row_stride,
+        base: batch * seq * row_stride + head * head_dim,
+        rows_base: batch * seq * heads + head,
+        out_base: bh * (seq + head_dim) * head_dim,
+        u: UNIT_POS_X as usize,
+        units: CUBE_DIM_X as usize,
+    }
+}
+
+/// Loads rows `first..first + rows` of `(b, h)`'s output part of a bundled `[B, H, T + D, D]`
+/// tensor (the output, or its gradient) into `tile`, zero past `T`.
+#[cube]
+pub(crate) fn load_bundle_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut Shared<[f32]>,
+    at: &HeadOf,
+    first: usize,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+) {
+    load_rows::<F>(
+        src,
+        tile,
+        at.out_base,
+        head_dim,
+        first,
+        at.seq,
+        1.0,
+        rows,
+        head_dim,
+        false,
+    );
+}
+
+/// The column (or row) of a `D x D` state that this unit's lane `m` owns:
+/// `UNIT_POS_X + m * CUBE_DIM_X` (see [`column_units`]).
+#[cube]
+pub(crate) fn lane_column(m: usize) -> usize {
+    UNIT_POS_X as usize + m * CUBE_DIM_X as usize
+}
+
+/// How many of the `tile` rows from `first` exist in a sequence of `seq` (`min(seq - first,
+/// tile)`, for `first < seq`).
+#[cube]
+pub(crate) fn rows_from(first: usize, seq: usize, #[comptime] tile: usize) -> usize {
+    let mut n = seq - first;
+    if n > tile {
+        n = tile;
+    }
+    n
+}
+
 /// Loads this unit's lanes of a `D x D` matrix into `dst`: lane `m` is column (or row)
 /// `c = u + m * units` (see [`column_units`]), element `kk` of it is
 /// `src[base + kk * stride_k + c * stride_c]`, stored at `dst[m * D + kk]`; zero for `c >= D`.
@@ -144,11 +241,9 @@ pub(crate) fn load_lanes<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] lanes: usize,
 ) {
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
     #[unroll(lanes == 1)]
     for m in 0..lanes {
-        let c = u + m * units;
+        let c = lane_column(m);
         #[unroll]
         for kk in 0..head_dim {
             let mut x = f32::new(0.0);
@@ -172,11 +267,9 @@ pub(crate) fn store_lanes<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] lanes: usize,
 ) {
-    let u = UNIT_POS_X as usize;
-    let units = CUBE_DIM_X as usize;
     #[unroll(lanes == 1)]
     for m in 0..lanes {
-        let c = u + m * units;
+        let c = lane_column(m);
         if c < head_dim {
             #[unroll]
             for kk in 0..head_dim {

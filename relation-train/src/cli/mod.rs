@@ -77,7 +77,7 @@ impl RunSource {
 /// Formats `relation export` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ExportFormat {
-    /// `safetensors` (tensor names are module paths, e.g. `blocks.0.mixer.w1.weight`).
+    /// `safetensors` (tensor names are module paths, e.g. `blocks.0.mixer.projection.w1.weight`).
     Safetensors,
 }
 

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use relation_model::LinearRelationMode;
 
 use super::ResumeMode;
 use crate::config::{DataSpec, ModelSpec, RunConfig, TrainSpec};
@@ -113,6 +114,11 @@ pub struct ModelFlags {
     /// for the single-head Relation.
     #[arg(long)]
     pub no_givens: bool,
+    /// How the Linear Relation layers run: recurrent (default: fastest on CPUs, measured) or
+    /// chunked[:16|32|64] (chunkwise parallel, GLA-style; for GPUs at long context). Same
+    /// parameters and function either way.
+    #[arg(long, value_name = "MODE")]
+    pub linear_mode: Option<LinearRelationMode>,
 }
 
 /// `relation train`'s data flags.
@@ -236,6 +242,7 @@ impl ModelFlags {
             "--lambda-init": self.lambda_init.map(Some) => m.lambda_init,
             "--freeze-lambda": self.freeze_lambda.then_some(Some(false)) => m.lambda_trainable,
             "--no-givens": self.no_givens.then_some(Some(false)) => m.givens,
+            "--linear-mode": self.linear_mode.map(Some) => m.linear_mode,
         );
     }
 }

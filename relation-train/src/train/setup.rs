@@ -233,6 +233,9 @@ fn switches(c: &RelationLmConfig) -> String {
     if !c.givens {
         switches.push("no Givens".into());
     }
+    if c.linear_mode != Default::default() && c.pattern.contains('L') {
+        switches.push(format!("Linear Relation {}", c.linear_mode));
+    }
     if switches.is_empty() {
         String::new()
     } else {
