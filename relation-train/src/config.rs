@@ -25,6 +25,39 @@ pub struct RunConfig {
     /// its own copy of the model; replaces `device` when not empty (the first one holds the
     /// optimizer and runs evaluation).
     pub devices: Vec<String>,
+    /// How data parallel sums the replicas' gradients (`"auto"`, `"collective"` or
+    /// `"ordered"`; see [`Reduce`]). Ignored on one device.
+    pub reduce: Reduce,
+}
+
+/// How data parallel (`devices`) sums the gradients of a step's micro-batches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Reduce {
+    /// Burn's collective where the devices have one (`collective`), the ordered sum elsewhere.
+    #[default]
+    Auto,
+    /// Burn's collective engine (`burn::tensor::distributed::all_reduce`, a `Sum`): each
+    /// replica sums its own micro-batches, then one all-reduce per parameter sums the
+    /// replicas, device to device. Burn 0.22 runs it on CUDA devices with NCCL; on other
+    /// devices the run refuses to start and says why. Equal to one device up to the order of
+    /// the sum: with two devices and one micro-batch each, the all-reduce is one addition per
+    /// element, the one a single device does.
+    Collective,
+    /// Every micro-batch's gradient comes back to the first device and is added there in
+    /// micro-batch order, as one device adds them: bit for bit the single-device run, on any
+    /// devices, including different backends.
+    Ordered,
+}
+
+impl std::fmt::Display for Reduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Collective => "collective",
+            Self::Ordered => "ordered",
+        })
+    }
 }
 
 impl Default for RunConfig {
@@ -35,6 +68,7 @@ impl Default for RunConfig {
             train: TrainSpec::default(),
             device: "flex".into(),
             devices: Vec::new(),
+            reduce: Reduce::Auto,
         }
     }
 }
@@ -472,6 +506,7 @@ impl RunConfig {
 pub const FREE_CHANGES: &[&str] = &[
     "device",
     "devices",
+    "reduce",
     "data.cache_dir",
     "train.eval_every",
     "train.eval_tokens",

@@ -3,6 +3,8 @@
 use std::path::PathBuf;
 
 use relation_model::ModelError;
+
+use crate::train::NoCollective;
 use thiserror::Error;
 
 /// Why a command refused to start or stopped.
@@ -25,6 +27,16 @@ pub enum TrainError {
         name: String,
         /// Why it cannot be used.
         reason: String,
+    },
+    /// `--reduce collective` over devices Burn's collective engine cannot all-reduce over.
+    #[error(
+        "--reduce collective over {devices}: {reason}; --reduce ordered (or auto) sums the gradients on the first device instead"
+    )]
+    Collective {
+        /// The devices, as given (`flex + flex`).
+        devices: String,
+        /// Why Burn's all-reduce cannot run over them.
+        reason: NoCollective,
     },
     /// A configuration file that cannot be read or parsed.
     #[error("config {path}: {reason}")]

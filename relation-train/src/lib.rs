@@ -16,7 +16,7 @@ mod run_dir;
 pub mod sample;
 pub mod train;
 
-pub use config::{DataSpec, ModelSpec, RunConfig, TrainSpec};
+pub use config::{DataSpec, ModelSpec, Reduce, RunConfig, TrainSpec};
 pub use error::{Result, TrainError};
 pub use evaluate::{EvalResult, LoadedRun, evaluate, load_run};
 pub use train::{TrainOptions, TrainSummary, train};

@@ -7,7 +7,7 @@ use clap::Args;
 use relation_model::LinearRelationMode;
 
 use super::ResumeMode;
-use crate::config::{DataSpec, ModelSpec, RunConfig, TrainSpec};
+use crate::config::{DataSpec, ModelSpec, Reduce, RunConfig, TrainSpec};
 use crate::train::OnNan;
 
 /// `relation train`.
@@ -61,9 +61,15 @@ pub struct TrainArgs {
     pub device: Option<String>,
     /// Data parallel over several devices, comma-separated (e.g. cuda:0,cuda:1): each step's
     /// micro-batches are spread over them (give --tokens-per-step of at least one micro-batch
-    /// per device); gradients are summed on the first, which holds the optimizer.
+    /// per device); the first holds the optimizer. --reduce says how their gradients are summed.
     #[arg(long, value_delimiter = ',', value_name = "DEVICE,DEVICE,…")]
     pub devices: Vec<String>,
+    /// How --devices sum their gradients: collective (Burn's all-reduce over the replicas'
+    /// sums, device to device; CUDA with NCCL in Burn 0.22), ordered (every micro-batch's
+    /// gradient added on the first device in micro-batch order: bit for bit one device, any
+    /// devices), or auto (default: collective where the devices support it, else ordered).
+    #[arg(long, value_enum, value_name = "auto|collective|ordered")]
+    pub reduce: Option<Reduce>,
 
     /// The model's shape and Relation switches.
     #[command(flatten)]
@@ -225,7 +231,10 @@ impl TrainArgs {
         } else if self.device.is_some() {
             cfg.devices.clear();
         }
-        set!("--device": self.device => cfg.device);
+        set!(
+            "--device": self.device => cfg.device,
+            "--reduce": self.reduce => cfg.reduce,
+        );
     }
 }
 

@@ -5,11 +5,13 @@
 //! [`train`] runs the phases in order, one file each: `setup.rs` (checks, devices, the locked
 //! run directory, data, the run's identity files, the initial model), `resume.rs` (the
 //! checkpoint to continue from and the optimizer), `step.rs` (one optimisation step over
-//! accumulated, possibly data-parallel micro-batches), `evaluate.rs` (the step's metrics row,
-//! validation and log lines), `save.rs` (checkpoints and the loss curve) and `finish.rs` (the
-//! closing sample and summary). The phases share a `Trainer`; their order, and so every
+//! accumulated, possibly data-parallel micro-batches, whose gradients `collective.rs` sums
+//! across devices), `evaluate.rs` (the step's metrics row, validation and log lines),
+//! `save.rs` (checkpoints and the loss curve) and `finish.rs` (the closing sample and
+//! summary). The phases share a `Trainer`; their order, and so every
 //! random draw, is the one a bit-exact resume depends on.
 
+mod collective;
 mod evaluate;
 mod finish;
 mod resume;
@@ -31,6 +33,8 @@ use crate::evaluate::EvalResult;
 use crate::metrics::Metrics;
 use crate::run_dir::Start;
 use setup::Run;
+
+pub use collective::{HOST_ALL_REDUCE_ENV, NoCollective, collective_support};
 
 /// Test hook: a step number, or several separated by commas, whose loss is replaced by NaN (to
 /// exercise the divergence handling without waiting for a real divergence).

@@ -11,6 +11,7 @@ use relation_model::{RelationLm, RelationLmConfig};
 use tokenizers::Tokenizer;
 
 use super::TrainOptions;
+use super::collective::Reduction;
 use crate::config::{RunConfig, TrainSpec};
 use crate::data::{self, Corpus};
 use crate::error::io;
@@ -31,6 +32,9 @@ pub(super) struct Run<'a> {
     pub(super) device_names: Vec<String>,
     /// Those devices, with autodiff; the first holds the optimizer.
     pub(super) replicas: Vec<Device>,
+    /// How a data-parallel step sums its gradients across `replicas` (holding Burn's
+    /// distributed context for the run when that is the collective).
+    pub(super) reduction: Reduction,
     /// Whether this invocation continues from a checkpoint.
     pub(super) resume: bool,
     /// The tokenized corpus.
@@ -74,6 +78,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|name| open_device(name))
             .collect::<Result<Vec<Device>>>()?;
+        let reduction = Reduction::open(config.reduce, &device_names, &replicas)?;
         let t = config.train.clone();
         let lock = RunLock::acquire(&opts.run_dir)?;
         let start = open_run(&config, opts)?;
@@ -100,6 +105,7 @@ impl<'a> Run<'a> {
             t,
             device_names,
             replicas,
+            reduction,
             resume,
             corpus,
             tokenizer,
@@ -143,6 +149,9 @@ impl<'a> Run<'a> {
             t.effective_tokens_per_step(),
             t.steps
         );
+        if let Some(how) = self.reduction.describe(&self.device_names) {
+            println!("data parallel: {how}");
+        }
     }
 }
 

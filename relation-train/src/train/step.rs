@@ -1,7 +1,9 @@
 //! One optimisation step: the step's micro-batches (spread over the devices when there are
-//! several), their gradients accumulated in order, one read-back of the loss and gradient norm,
-//! and the update, or the handling of a non-finite step.
+//! several), their gradients summed (in order, or by Burn's collective across devices), one
+//! read-back of the loss and gradient norm, and the update, or the handling of a non-finite
+//! step.
 
+use std::panic::{self, AssertUnwindSafe};
 use std::time::Instant;
 
 use burn::module::Module;
@@ -9,6 +11,7 @@ use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use relation_model::RelationLm;
 
+use super::collective::{Meeting, Reduction, all_reduce_grads};
 use super::{OnNan, Trainer};
 use crate::config::TrainSpec;
 use crate::optim::{clip_global_norm, squared_grad_norm, token_nll, wsd_lr};
@@ -43,22 +46,14 @@ impl Trainer<'_> {
         let grad_clip = t.grad_clip;
         let step_start = Instant::now();
         let lr = wsd_lr(step, t);
-        let mut accumulator = GradientsAccumulator::<RelationLm>::new();
-        let mut losses = Vec::with_capacity(accumulation);
         let batches: Vec<Batch> = (0..accumulation)
             .map(|_| {
                 self.batcher
                     .next_batch(&self.run.corpus.train, t.batch_size)
             })
             .collect();
-        // Accumulated in micro-batch order whatever device computed them, so the sum (and the
-        // run) is the same as on one device.
-        for result in micro_steps(&model, &self.run.replicas, batches, t, accumulation)? {
-            let (loss, grads) = result;
-            losses.push(loss);
-            accumulator.accumulate(&model, grads);
-        }
-        let mut grads = accumulator.grads();
+        let (losses, mut grads) =
+            micro_steps(&model, &self.run.replicas, &self.run.reduction, batches, t)?;
         // One read-back per step: the step's loss and the squared gradient norm together.
         let loss_sum = Tensor::cat(losses, 0).sum(); // [1]
         let norm_sq = squared_grad_norm(&model, &grads).unwrap_or_else(|| loss_sum.zeros_like());
@@ -132,12 +127,11 @@ impl Trainer<'_> {
 /// One micro-batch: inputs and targets, `[B, T]` row-major.
 type Batch = (Vec<i64>, Vec<i64>);
 
-/// Forward and backward of one micro-batch on `model`'s device; the loss (detached) and the
-/// gradients are returned on `primary`.
+/// Forward and backward of one micro-batch on `model`, on `device` (the model's); the loss
+/// (detached, `[1]`) and the gradients stay there.
 fn micro_step(
     model: &RelationLm,
     device: &Device,
-    primary: &Device,
     (x, y): Batch,
     t: &TrainSpec,
     accumulation: usize,
@@ -150,30 +144,36 @@ fn micro_step(
     let loss = token_nll(logits, y)?.mean().div_scalar(accumulation as f64); // [1]
     let value = loss.clone().detach();
     let grads = GradientsParams::from_grads(loss.backward(), model);
-    if device == primary {
-        Ok((value, grads))
-    } else {
-        Ok((value.to_device(primary), grads.to_device(primary, model)))
-    }
+    Ok((value, grads))
 }
 
-/// The micro-batches of one optimizer step, in order. With several devices (data parallel),
-/// micro-batch `i` runs on replica `i mod n` — a copy of the model forked onto that device —
-/// all replicas at once on their own threads; gradients come back to the first device.
+/// A replica's micro-batch losses, each with its index in the step.
+type Losses = Vec<(usize, Tensor<1>)>;
+
+/// What one member of a collective step returns: its losses and all-reduced gradients; its
+/// own error (`Some`); or `None` when it stopped because another member failed.
+type Member = std::result::Result<(Losses, GradientsParams), Option<TrainError>>;
+
+/// The micro-batches of one optimizer step: their losses in micro-batch order on the first
+/// device, and the step's gradient (their sum) there.
+///
+/// With several devices (data parallel), micro-batch `i` runs on replica `i mod n` — a copy of
+/// the model forked onto that device — all replicas at once on their own threads, and
+/// `reduction` sums the gradients: in micro-batch order on the first device
+/// ([`Reduction::Ordered`]: the sum one device computes), or each replica its own in order,
+/// then an all-reduce of the replicas' sums ([`Reduction::Collective`]).
 fn micro_steps(
     model: &RelationLm,
     replicas: &[Device],
+    reduction: &Reduction,
     batches: Vec<Batch>,
     t: &TrainSpec,
-    accumulation: usize,
-) -> Result<Vec<(Tensor<1>, GradientsParams)>> {
+) -> Result<(Vec<Tensor<1>>, GradientsParams)> {
     let primary = &replicas[0];
     let n = replicas.len().min(batches.len());
     if n <= 1 {
-        return batches
-            .into_iter()
-            .map(|b| micro_step(model, primary, primary, b, t, accumulation))
-            .collect();
+        let (losses, grads) = replica_sum(model, primary, batches.into_iter().enumerate(), t)?;
+        return Ok((in_order(losses, primary), grads.unwrap_or_default()));
     }
     let copies: Vec<RelationLm> = (0..n)
         .map(|r| {
@@ -184,28 +184,178 @@ fn micro_steps(
             }
         })
         .collect();
+    // Every replica gets at least one micro-batch (n <= the number of micro-batches).
     let mut assigned: Vec<Vec<(usize, Batch)>> = vec![Vec::new(); n];
     for (i, b) in batches.into_iter().enumerate() {
         assigned[i % n].push((i, b));
     }
-    let mut done: Vec<(usize, Result<(Tensor<1>, GradientsParams)>)> = std::thread::scope(|s| {
+    match reduction {
+        Reduction::Ordered => ordered(model, &copies, replicas, assigned, t),
+        Reduction::Collective(collective) => {
+            let group = collective.group(n);
+            let meeting = Meeting::new(n);
+            let members = on_replicas(&copies, replicas, assigned, |copy, device, mine| {
+                // Caught so that a member that panics still comes to the meeting (the others
+                // must not wait for it in the all-reduce), and panics on afterwards.
+                let summed = panic::catch_unwind(AssertUnwindSafe(|| {
+                    replica_sum(copy, device, mine.into_iter(), t)
+                }));
+                let all_ready = meeting.all_ready(matches!(summed, Ok(Ok((_, Some(_))))));
+                let (losses, grads) = match summed {
+                    Err(payload) => panic::resume_unwind(payload),
+                    Ok(Err(e)) => return Err(Some(e)),
+                    Ok(Ok(done)) => done,
+                };
+                let Some(mut grads) = grads.filter(|_| all_ready) else {
+                    return Err(None);
+                };
+                all_reduce_grads(copy, &mut grads, group);
+                Ok((losses, grads))
+            });
+            first_replica(members, primary)
+        }
+        Reduction::HostAllReduce => {
+            let sums = on_replicas(&copies, replicas, assigned, |copy, device, mine| {
+                replica_sum(copy, device, mine.into_iter(), t)
+            });
+            // The replicas' sums added in rank order on the first device: an all-reduce `Sum`
+            // of two replicas, done by the host.
+            let mut all_losses = Vec::new();
+            let mut sum = GradientsAccumulator::<RelationLm>::new();
+            for (r, result) in sums.into_iter().enumerate() {
+                let (losses, grads) = result?;
+                all_losses.extend(losses);
+                let Some(grads) = grads else { continue };
+                let grads = if r == 0 {
+                    grads
+                } else {
+                    grads.to_device(primary, model)
+                };
+                sum.accumulate(model, grads);
+            }
+            Ok((in_order(all_losses, primary), sum.grads()))
+        }
+    }
+}
+
+/// Runs `micro_batches` on `model` (on `device`) in order and sums their gradients there, in
+/// that order; `None` for no micro-batch.
+fn replica_sum(
+    model: &RelationLm,
+    device: &Device,
+    micro_batches: impl Iterator<Item = (usize, Batch)>,
+    t: &TrainSpec,
+) -> Result<(Losses, Option<GradientsParams>)> {
+    let accumulation = t.accumulation();
+    let mut sum = GradientsAccumulator::<RelationLm>::new();
+    let mut losses = Vec::new();
+    for (i, b) in micro_batches {
+        let (loss, grads) = micro_step(model, device, b, t, accumulation)?;
+        losses.push((i, loss));
+        sum.accumulate(model, grads);
+    }
+    let any = !losses.is_empty();
+    Ok((losses, any.then(|| sum.grads())))
+}
+
+/// [`Reduction::Ordered`]: every micro-batch's loss and gradient come back to the first device,
+/// where the gradients are added in micro-batch order — the sum one device computes.
+fn ordered(
+    model: &RelationLm,
+    copies: &[RelationLm],
+    replicas: &[Device],
+    assigned: Vec<Vec<(usize, Batch)>>,
+    t: &TrainSpec,
+) -> Result<(Vec<Tensor<1>>, GradientsParams)> {
+    let primary = &replicas[0];
+    let accumulation = t.accumulation();
+    let done = on_replicas(copies, replicas, assigned, |copy, device, mine| {
+        mine.into_iter()
+            .map(|(i, b)| {
+                let (loss, grads) = micro_step(copy, device, b, t, accumulation)?;
+                if device == primary {
+                    Ok((i, loss, grads))
+                } else {
+                    Ok((i, loss.to_device(primary), grads.to_device(primary, copy)))
+                }
+            })
+            .collect::<Result<Vec<_>>>()
+    });
+    let mut done: Vec<(usize, Tensor<1>, GradientsParams)> = done
+        .into_iter()
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .flatten()
+        .collect();
+    done.sort_by_key(|(i, ..)| *i);
+    let mut sum = GradientsAccumulator::<RelationLm>::new();
+    let mut losses = Vec::with_capacity(done.len());
+    for (_, loss, grads) in done {
+        losses.push(loss);
+        sum.accumulate(model, grads);
+    }
+    Ok((losses, sum.grads()))
+}
+
+/// [`Reduction::Collective`]'s result: every member's losses in micro-batch order on the first
+/// device, and the first replica's all-reduced gradient (the step's, already there); or the
+/// first error a member reported.
+fn first_replica(
+    members: Vec<Member>,
+    primary: &Device,
+) -> Result<(Vec<Tensor<1>>, GradientsParams)> {
+    let mut all_losses = Vec::new();
+    let mut first = None;
+    let mut error = None;
+    for member in members {
+        match member {
+            Ok((losses, grads)) => {
+                all_losses.extend(losses);
+                first.get_or_insert(grads);
+            }
+            Err(Some(e)) => {
+                error.get_or_insert(e);
+            }
+            Err(None) => {}
+        }
+    }
+    match (error, first) {
+        (Some(e), _) => Err(e),
+        (None, Some(grads)) => Ok((in_order(all_losses, primary), grads)),
+        (None, None) => {
+            unreachable!("a collective step with no failure has its members' gradients")
+        }
+    }
+}
+
+/// Losses tagged with their micro-batch index, in micro-batch order on `primary`.
+fn in_order(mut losses: Losses, primary: &Device) -> Vec<Tensor<1>> {
+    losses.sort_by_key(|(i, _)| *i);
+    losses
+        .into_iter()
+        .map(|(_, l)| l.to_device(primary))
+        .collect()
+}
+
+/// Runs `work` for every replica — its model copy, its device and its micro-batches — each on
+/// its own thread, and returns their results in replica order.
+fn on_replicas<R: Send>(
+    copies: &[RelationLm],
+    replicas: &[Device],
+    assigned: Vec<Vec<(usize, Batch)>>,
+    work: impl Fn(&RelationLm, &Device, Vec<(usize, Batch)>) -> R + Sync,
+) -> Vec<R> {
+    let work = &work;
+    std::thread::scope(|s| {
         let workers: Vec<_> = copies
             .iter()
             .zip(replicas)
             .zip(assigned)
-            .map(|((copy, device), mine)| {
-                s.spawn(move || {
-                    mine.into_iter()
-                        .map(|(i, b)| (i, micro_step(copy, device, primary, b, t, accumulation)))
-                        .collect::<Vec<_>>()
-                })
-            })
+            .map(|((copy, device), mine)| s.spawn(move || work(copy, device, mine)))
             .collect();
         workers
             .into_iter()
-            .flat_map(|w| w.join().expect("a data-parallel worker panicked"))
+            .map(|w| w.join().expect("a data-parallel worker panicked"))
             .collect()
-    });
-    done.sort_by_key(|(i, _)| *i);
-    done.into_iter().map(|(_, r)| r).collect()
+    })
 }
