@@ -138,6 +138,49 @@ fn device_names() {
     assert!(e.contains("--features rocm"), "{e}");
 }
 
+/// Which devices Burn 0.22's collective engine can all-reduce over, and why not: Flex has no
+/// collective operations; wgpu (software Vulkan here) has no transport between its devices;
+/// a collective spans devices of one backend. When a Burn release adds them, these fail and
+/// `--reduce auto` starts taking the collective there.
+#[test]
+fn collective_support_names_why_not() {
+    use relation_train::train::{NoCollective, collective_support};
+    let open = |names: &[&str]| {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let devices: Vec<_> = names
+            .iter()
+            .map(|n| parse_device(n).unwrap().autodiff())
+            .collect();
+        collective_support(&names, &devices)
+    };
+    let flex = open(&["flex", "flex"]).unwrap_err();
+    assert_eq!(
+        flex,
+        NoCollective::Backend {
+            device: "flex".into(),
+            backend: "Flex"
+        }
+    );
+    assert!(
+        flex.to_string().contains("no collective operations"),
+        "{flex}"
+    );
+    #[cfg(feature = "wgpu")]
+    {
+        let mixed = open(&["flex", "wgpu"]).unwrap_err();
+        assert!(
+            matches!(mixed, NoCollective::MixedBackends { ref other, .. } if other == "wgpu"),
+            "{mixed:?}"
+        );
+        let wgpu = open(&["wgpu", "wgpu"]).unwrap_err();
+        assert!(
+            matches!(wgpu, NoCollective::NoTransport { ref device, .. } if device == "wgpu"),
+            "{wgpu:?}"
+        );
+        assert!(wgpu.to_string().contains("no transport"), "{wgpu}");
+    }
+}
+
 /// The contiguous split of one long text: the first 1 - 2v of the bytes train, the next v
 /// validate (within one unit), the last v is never read.
 #[test]
