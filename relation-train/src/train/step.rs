@@ -6,12 +6,13 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use relation_model::RelationLm;
 
 use super::{OnNan, Trainer};
 use crate::config::TrainSpec;
-use crate::optim::{clip_global_norm, squared_grad_norm, token_nll, wsd_lr};
+use crate::optim::{clip_global_norm, scale_grads, squared_grad_norm, token_nll, wsd_lr};
+use crate::precision::Precision;
 use crate::{Result, TrainError};
 
 /// What one step did, for its metrics row and log lines.
@@ -41,6 +42,9 @@ impl Trainer<'_> {
         let accumulation = t.accumulation();
         let per_step = t.effective_tokens_per_step() as u64;
         let grad_clip = t.grad_clip;
+        let precision = t.precision;
+        // With f16, the loss is scaled before the backward pass and the gradients unscaled after.
+        let scale = self.progress.loss_scale.scale;
         let step_start = Instant::now();
         let lr = wsd_lr(step, t);
         let mut accumulator = GradientsAccumulator::<RelationLm>::new();
@@ -53,12 +57,15 @@ impl Trainer<'_> {
             .collect();
         // Accumulated in micro-batch order whatever device computed them, so the sum (and the
         // run) is the same as on one device.
-        for result in micro_steps(&model, &self.run.replicas, batches, t, accumulation)? {
+        for result in micro_steps(&model, &self.run.replicas, batches, t, accumulation, scale)? {
             let (loss, grads) = result;
             losses.push(loss);
             accumulator.accumulate(&model, grads);
         }
         let mut grads = accumulator.grads();
+        if scale != 1.0 {
+            scale_grads(&model, &mut grads, 1.0 / scale);
+        }
         // One read-back per step: the step's loss and the squared gradient norm together.
         let loss_sum = Tensor::cat(losses, 0).sum(); // [1]
         let norm_sq = squared_grad_norm(&model, &grads).unwrap_or_else(|| loss_sum.zeros_like());
@@ -74,11 +81,31 @@ impl Trainer<'_> {
         let not_finite = [("loss", loss), ("gradient norm", grad_norm)]
             .into_iter()
             .find(|(_, v)| !v.is_finite());
-        if let Some((what, value)) = not_finite {
+        let overflow = matches!(not_finite, Some(("gradient norm", _)));
+        let rescaled = if overflow {
+            self.progress.loss_scale.after_overflow(precision)
+        } else {
+            None
+        };
+        if let Some(new_scale) = rescaled {
+            // f16 gradients overflowed at this loss scale: not a divergence. The update is
+            // skipped, and the step's data consumed, as with every skipped step.
+            tracing::info!(
+                step,
+                scale = new_scale,
+                "f16 gradients overflowed; loss scale halved"
+            );
+            self.say(format!(
+                "step {step:>6} | f16 gradients overflowed: update skipped, loss scale {scale} -> {new_scale}"
+            ));
+        } else if let Some((what, value)) = not_finite {
             self.skip(what, value)?;
         } else {
             clip_global_norm(&model, &mut grads, grad_norm, grad_clip);
             model = self.optim.step(lr, model, grads);
+            if let Some(new_scale) = self.progress.loss_scale.after_finite(precision) {
+                tracing::info!(step, scale = new_scale, "loss scale doubled");
+            }
         }
         self.progress.tokens_seen += per_step;
         let seconds = step_start.elapsed().as_secs_f64();
@@ -141,15 +168,29 @@ fn micro_step(
     (x, y): Batch,
     t: &TrainSpec,
     accumulation: usize,
+    scale: f64,
 ) -> Result<(Tensor<1>, GradientsParams)> {
     let x = Tensor::<2, Int>::from_data(TensorData::new(x, [t.batch_size, t.seq_len]), device);
     let y = Tensor::<2, Int>::from_data(TensorData::new(y, [t.batch_size, t.seq_len]), device);
-    let logits = model.forward(x)?; // [B, T, V]
+    let logits = match t.precision {
+        Precision::F32 => model.forward(x)?, // [B, T, V]
+        // Mixed precision: the forward and backward in the half-precision copy, the loss in
+        // f32; the gradients flow back through the casts onto the f32 masters.
+        half => model
+            .cast_params(half.dtype())
+            .forward(x)?
+            .cast(FloatDType::F32), // [B, T, V]
+    };
     // Mean over this micro-batch, divided by the number of micro-batches: the accumulated
     // gradient is the gradient of the step's mean loss.
     let loss = token_nll(logits, y)?.mean().div_scalar(accumulation as f64); // [1]
     let value = loss.clone().detach();
-    let grads = GradientsParams::from_grads(loss.backward(), model);
+    let scaled = if scale != 1.0 {
+        loss.mul_scalar(scale)
+    } else {
+        loss
+    };
+    let grads = GradientsParams::from_grads(scaled.backward(), model);
     if device == primary {
         Ok((value, grads))
     } else {
@@ -166,13 +207,14 @@ fn micro_steps(
     batches: Vec<Batch>,
     t: &TrainSpec,
     accumulation: usize,
+    scale: f64,
 ) -> Result<Vec<(Tensor<1>, GradientsParams)>> {
     let primary = &replicas[0];
     let n = replicas.len().min(batches.len());
     if n <= 1 {
         return batches
             .into_iter()
-            .map(|b| micro_step(model, primary, primary, b, t, accumulation))
+            .map(|b| micro_step(model, primary, primary, b, t, accumulation, scale))
             .collect();
     }
     let copies: Vec<RelationLm> = (0..n)
@@ -196,7 +238,10 @@ fn micro_steps(
             .map(|((copy, device), mine)| {
                 s.spawn(move || {
                     mine.into_iter()
-                        .map(|(i, b)| (i, micro_step(copy, device, primary, b, t, accumulation)))
+                        .map(|(i, b)| {
+                            let done = micro_step(copy, device, primary, b, t, accumulation, scale);
+                            (i, done)
+                        })
                         .collect::<Vec<_>>()
                 })
             })
