@@ -216,6 +216,6 @@ fn main() {
         }
     }
     if let Some(path) = &args.bench.out {
-        std::fs::write(path, &table).unwrap_or_else(|e| panic!("writing {path}: {e}"));
+        std::fs::write(path, &table).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
     }
 }

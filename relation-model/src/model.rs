@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, RmsNorm, RmsNormConfig};
 use burn::store::{ModuleRecord, ModuleSnapshot, SafetensorsStore};
-use burn::tensor::{Device, Int, Tensor};
+use burn::tensor::{Device, FloatDType, Int, Tensor};
 
 use crate::cache::{LayerCache, LmCache};
 use crate::config::{MixerKind, RelationLmConfig};
@@ -97,6 +97,11 @@ pub struct RelationLm {
 impl RelationLmConfig {
     /// Builds the model on `device`.
     ///
+    /// Every parameter is drawn here, in module order, from the device's random state (seed it
+    /// with `device.seed(n)` first): the weights depend on the seed alone, not on what happens
+    /// to read them first (a forward pass, [`RelationLm::cast_params`], a fork to another
+    /// device), which lazily initialised parameters would otherwise make them do.
+    ///
     /// # Errors
     /// Any rule of [`RelationLmConfig::validate`].
     pub fn init(&self, device: &Device) -> Result<RelationLm> {
@@ -161,7 +166,7 @@ impl RelationLmConfig {
                 ffn: SwiGlu::new(d, self.d_ff, device),
             });
         }
-        Ok(RelationLm {
+        let model = RelationLm {
             embedding: EmbeddingConfig::new(self.vocab_size, d)
                 .with_initializer(Initializer::Normal {
                     mean: 0.0,
@@ -170,11 +175,51 @@ impl RelationLmConfig {
                 .init(device),
             blocks,
             norm: norm(),
+        };
+        model.visit(&mut Materialize);
+        Ok(model)
+    }
+}
+
+/// Reads every float parameter once, which draws the lazily initialised ones.
+struct Materialize;
+
+impl ModuleVisitor for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        let _ = param.val();
+    }
+}
+
+/// Casts every float parameter to one dtype with [`Param::map`], keeping each parameter's id.
+struct CastParams(FloatDType);
+
+impl ModuleMapper for CastParams {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+        let dtype = self.0;
+        param.map(|t| {
+            if t.dtype() == dtype.into() {
+                t
+            } else {
+                t.cast(dtype)
+            }
         })
     }
 }
 
 impl RelationLm {
+    /// A copy of this model whose float parameters are cast to `dtype` (f16, bf16, or f32 for an
+    /// unchanged copy): mixed-precision training's compute copy.
+    ///
+    /// On an autodiff device each cast is an operation of the graph, so a loss computed with
+    /// the copy sends its gradients through the casts back to *this* model's parameters, in
+    /// their own dtype (f32 master weights): take them with
+    /// `GradientsParams::from_grads(loss.backward(), &master)`. Parameter ids are kept, so the
+    /// optimizer state follows the master. Everything the model computes follows the dtype of
+    /// its weights (activations, caches, the kernels' inputs); the kernels accumulate in f32.
+    pub fn cast_params(&self, dtype: FloatDType) -> RelationLm {
+        self.clone().map(&mut CastParams(dtype))
+    }
+
     /// Vocabulary size.
     pub fn vocab_size(&self) -> usize {
         self.embedding.weight.val().dims()[0]

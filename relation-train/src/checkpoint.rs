@@ -70,6 +70,9 @@ pub struct CheckpointState {
     /// (`--on-nan skip`); absent in checkpoints written before it existed.
     #[serde(default)]
     pub skipped_steps: u64,
+    /// The f16 loss scale and its count of finite steps (`--precision f16` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_scale: Option<crate::precision::LossScale>,
 }
 
 /// A fingerprint of a text (CRC32 and length), for configuration and tokenizer identity.

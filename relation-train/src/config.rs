@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use relation_model::{LinearRelationMode, RelationLmConfig};
 use serde::{Deserialize, Serialize};
 
+use crate::precision::Precision;
 use crate::{Result, TrainError, error::io};
 
 /// Everything a training run needs, saved as `config.json` in the run directory.
@@ -267,6 +268,9 @@ pub struct TrainSpec {
     pub log_every: u64,
     /// Tokens sampled after training (0 = none).
     pub sample_tokens: usize,
+    /// The dtype of the forward and backward passes: `f32`, or `f16` / `bf16` with f32 master
+    /// weights (and dynamic loss scaling for f16); see [`crate::precision`].
+    pub precision: Precision,
 }
 
 impl Default for TrainSpec {
@@ -292,6 +296,7 @@ impl Default for TrainSpec {
             keep_checkpoints: 2,
             log_every: 10,
             sample_tokens: 120,
+            precision: Precision::F32,
         }
     }
 }
@@ -527,6 +532,8 @@ pub const RESUMABLE_CHANGES: &[&str] = &[
     "train.decay_fraction",
     "train.weight_decay",
     "train.grad_clip",
+    "train.precision",
+    "model.linear_mode",
 ];
 
 /// One setting changed on resume.

@@ -11,6 +11,7 @@ pub mod evaluate;
 pub mod fs;
 pub mod metrics;
 pub mod optim;
+pub mod precision;
 pub mod report;
 mod run_dir;
 pub mod sample;

@@ -89,6 +89,11 @@ impl ModuleVisitor for ScaleGrads<'_> {
     }
 }
 
+/// Multiplies every gradient by `factor` (unscaling after a scaled loss, clipping).
+pub fn scale_grads<M: Module>(model: &M, grads: &mut GradientsParams, factor: f64) {
+    model.visit(&mut ScaleGrads { grads, factor });
+}
+
 /// The squared global L2 norm of all gradients, `sum_p |g_p|^2`, left on the device (the
 /// caller reads it back with the loss); `None` when there are no gradients.
 pub fn squared_grad_norm<M: Module>(model: &M, grads: &GradientsParams) -> Option<Tensor<1>> {
@@ -112,7 +117,7 @@ pub fn clip_global_norm<M: Module>(
         return 1.0;
     }
     let factor = max_norm / (norm + 1e-6);
-    model.visit(&mut ScaleGrads { grads, factor });
+    scale_grads(model, grads, factor);
     factor
 }
 

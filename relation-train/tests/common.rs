@@ -88,7 +88,12 @@ pub fn text(out: &Output) -> String {
 
 /// Runs and asserts success.
 pub fn ok(args: &[String]) -> String {
-    let out = relation(args, &[]);
+    relation_ok(args, &[])
+}
+
+/// Runs with extra environment variables and asserts success; returns stdout + stderr.
+pub fn relation_ok(args: &[String], env: &[(&str, &str)]) -> String {
+    let out = relation(args, env);
     let t = text(&out);
     assert!(out.status.success(), "relation {args:?} failed:\n{t}");
     t

@@ -6,6 +6,7 @@ use relation_train::data::{
     Batcher, DataPosition, Document, eval_windows, is_validation, split_units,
 };
 use relation_train::optim::wsd_lr;
+use relation_train::precision::{GROWTH_INTERVAL, INITIAL_SCALE, LossScale, MIN_SCALE, Precision};
 
 #[test]
 fn wsd_schedule_warms_up_holds_and_decays() {
@@ -247,4 +248,39 @@ fn line_based_crlf_text_splits_into_many_units() {
         "{val} of {} units",
         units.len()
     );
+}
+
+#[test]
+fn f16_scale_halves_on_overflow_and_doubles_after_the_interval() {
+    let p = Precision::F16;
+    let mut s = p.initial_scale();
+    assert_eq!(s.scale, INITIAL_SCALE);
+    assert_eq!(s.after_overflow(p), Some(INITIAL_SCALE / 2.0));
+    for _ in 1..GROWTH_INTERVAL {
+        assert_eq!(s.after_finite(p), None);
+    }
+    assert_eq!(s.after_finite(p), Some(INITIAL_SCALE));
+    assert_eq!(s.good_steps, 0);
+    let mut low = LossScale {
+        scale: MIN_SCALE,
+        good_steps: 3,
+    };
+    assert_eq!(
+        low.after_overflow(p),
+        None,
+        "at the floor an overflow is a divergence"
+    );
+}
+
+#[test]
+fn f32_and_bf16_never_scale() {
+    for p in [Precision::F32, Precision::Bf16] {
+        let mut s = p.initial_scale();
+        assert_eq!(s.scale, 1.0);
+        assert_eq!(s.after_overflow(p), None);
+        for _ in 0..=GROWTH_INTERVAL {
+            assert_eq!(s.after_finite(p), None);
+        }
+        assert_eq!(s.scale, 1.0);
+    }
 }

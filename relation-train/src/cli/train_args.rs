@@ -8,6 +8,7 @@ use relation_model::LinearRelationMode;
 
 use super::ResumeMode;
 use crate::config::{DataSpec, ModelSpec, Reduce, RunConfig, TrainSpec};
+use crate::precision::Precision;
 use crate::train::OnNan;
 
 /// `relation train`.
@@ -209,6 +210,10 @@ pub struct TrainingFlags {
     /// Tokens to sample at the end, 0 = none (default 120).
     #[arg(long, value_name = "N")]
     pub sample_tokens: Option<usize>,
+    /// Forward/backward dtype: f32 (default), f16 (f32 master weights, dynamic loss scaling)
+    /// or bf16 (f32 master weights); the device must have the type.
+    #[arg(long, value_enum)]
+    pub precision: Option<Precision>,
 }
 
 /// Copies each given flag into its config field (the flag names document the mapping).
@@ -291,6 +296,7 @@ impl TrainingFlags {
             "--keep-checkpoints": self.keep_checkpoints => t.keep_checkpoints,
             "--log-every": self.log_every => t.log_every,
             "--sample-tokens": self.sample_tokens => t.sample_tokens,
+            "--precision": self.precision => t.precision,
         );
     }
 }

@@ -31,6 +31,7 @@ use crate::config::RunConfig;
 use crate::data::{Batcher, DataPosition};
 use crate::evaluate::EvalResult;
 use crate::metrics::Metrics;
+use crate::precision::{LossScale, Precision};
 use crate::run_dir::Start;
 use setup::Run;
 
@@ -39,6 +40,11 @@ pub use collective::{HOST_ALL_REDUCE_ENV, NoCollective, collective_support};
 /// Test hook: a step number, or several separated by commas, whose loss is replaced by NaN (to
 /// exercise the divergence handling without waiting for a real divergence).
 pub const POISON_STEP_ENV: &str = "RELATION_TEST_POISON_STEP";
+
+/// Test hook: the loss scale a fresh `--precision f16` run starts with instead of
+/// [`INITIAL_SCALE`](crate::precision::INITIAL_SCALE) (e.g. `1e30`, to make the first step's
+/// f16 gradients overflow).
+pub const LOSS_SCALE_ENV: &str = "RELATION_TEST_LOSS_SCALE";
 
 /// What a step whose loss or gradient norm is not finite does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -131,7 +137,14 @@ pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
 pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     let (run, start) = Run::setup(config, opts)?;
     let mut model = run.init_model()?;
-    let mut progress = Progress::fresh();
+    let mut progress = Progress::fresh(run.t.precision);
+    if run.t.precision == Precision::F16
+        && let Some(scale) = std::env::var(LOSS_SCALE_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+    {
+        progress.loss_scale.scale = scale;
+    }
     if let Start::Resume(changes) = &start {
         (model, progress) = run.resume(model, changes)?;
     }
@@ -161,6 +174,8 @@ struct Progress {
     elapsed_before: f64,
     /// Steps skipped for non-finite values (whole run).
     skipped: u64,
+    /// The loss scale (1 unless `--precision f16`).
+    loss_scale: LossScale,
     /// The last checkpoint, as errors name it.
     last_checkpoint: String,
     /// The last checkpoint's directory (empty before the first).
@@ -169,13 +184,14 @@ struct Progress {
 
 impl Progress {
     /// A run at step 0.
-    fn fresh() -> Self {
+    fn fresh(precision: Precision) -> Self {
         Self {
             step: 0,
             tokens_seen: 0,
             position: DataPosition { epoch: 0, index: 0 },
             elapsed_before: 0.0,
             skipped: 0,
+            loss_scale: precision.initial_scale(),
             last_checkpoint: String::from("none (no checkpoint written yet)"),
             checkpoint_dir: PathBuf::new(),
         }

@@ -9,6 +9,7 @@ use super::setup::Run;
 use crate::checkpoint;
 use crate::config::Change;
 use crate::optim::adamw;
+use crate::precision::Precision;
 use crate::run_dir::record_changes;
 use crate::{Result, TrainError};
 
@@ -48,6 +49,11 @@ impl Run<'_> {
             position: state.position,
             elapsed_before: state.elapsed_s,
             skipped: state.skipped_steps,
+            // The saved f16 scale, unless this resume changed the precision.
+            loss_scale: state
+                .loss_scale
+                .filter(|_| self.t.precision == Precision::F16)
+                .unwrap_or_else(|| self.t.precision.initial_scale()),
             last_checkpoint: dir.display().to_string(),
             checkpoint_dir: dir,
         };

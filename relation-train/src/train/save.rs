@@ -6,6 +6,7 @@ use relation_model::RelationLm;
 use super::Trainer;
 use crate::Result;
 use crate::checkpoint::{self, CheckpointState, fingerprint};
+use crate::precision::Precision;
 
 impl Trainer<'_> {
     /// Whether the step just done ends with a checkpoint: every `checkpoint_every` steps and at
@@ -34,6 +35,7 @@ impl Trainer<'_> {
             elapsed_s: self.progress.elapsed_before + self.started.elapsed().as_secs_f64(),
             files: Default::default(),
             skipped_steps: self.progress.skipped,
+            loss_scale: (run.t.precision == Precision::F16).then_some(self.progress.loss_scale),
         };
         let dir = checkpoint::save(
             &run.opts.run_dir,

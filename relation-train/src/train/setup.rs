@@ -16,6 +16,7 @@ use crate::config::{RunConfig, TrainSpec};
 use crate::data::{self, Corpus};
 use crate::error::io;
 use crate::fs::{RunLock, write_atomic};
+use crate::precision::Precision;
 use crate::run_dir::{Start, open_run};
 use crate::{Result, TrainError};
 
@@ -78,6 +79,7 @@ impl<'a> Run<'a> {
             .iter()
             .map(|name| open_device(name))
             .collect::<Result<Vec<Device>>>()?;
+        config.train.precision.check(&replicas)?;
         let reduction = Reduction::open(config.reduce, &device_names, &replicas)?;
         let t = config.train.clone();
         let lock = RunLock::acquire(&opts.run_dir)?;
@@ -133,7 +135,7 @@ impl<'a> Run<'a> {
         let c = &self.model_config;
         let t = &self.t;
         println!(
-            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads) | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
+            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
             c.n_layers,
             c.pattern,
             switches(c),
@@ -143,6 +145,10 @@ impl<'a> Run<'a> {
             c.vocab_size,
             self.device_names.join(" + "),
             relation_kernels::cpu_threads(),
+            match t.precision {
+                Precision::F32 => String::new(),
+                p => format!(", {} compute with f32 master weights", p.name()),
+            },
             t.batch_size,
             t.seq_len,
             t.accumulation(),

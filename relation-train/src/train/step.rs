@@ -8,13 +8,14 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use relation_model::RelationLm;
 
 use super::collective::{Meeting, Reduction, all_reduce_grads};
 use super::{OnNan, Trainer};
 use crate::config::TrainSpec;
-use crate::optim::{clip_global_norm, squared_grad_norm, token_nll, wsd_lr};
+use crate::optim::{clip_global_norm, scale_grads, squared_grad_norm, token_nll, wsd_lr};
+use crate::precision::Precision;
 use crate::{Result, TrainError};
 
 /// What one step did, for its metrics row and log lines.
@@ -44,6 +45,9 @@ impl Trainer<'_> {
         let accumulation = t.accumulation();
         let per_step = t.effective_tokens_per_step() as u64;
         let grad_clip = t.grad_clip;
+        let precision = t.precision;
+        // With f16, the loss is scaled before the backward pass and the gradients unscaled after.
+        let scale = self.progress.loss_scale.scale;
         let step_start = Instant::now();
         let lr = wsd_lr(step, t);
         let batches: Vec<Batch> = (0..accumulation)
@@ -52,8 +56,17 @@ impl Trainer<'_> {
                     .next_batch(&self.run.corpus.train, t.batch_size)
             })
             .collect();
-        let (losses, mut grads) =
-            micro_steps(&model, &self.run.replicas, &self.run.reduction, batches, t)?;
+        let (losses, mut grads) = micro_steps(
+            &model,
+            &self.run.replicas,
+            &self.run.reduction,
+            batches,
+            t,
+            scale,
+        )?;
+        if scale != 1.0 {
+            scale_grads(&model, &mut grads, 1.0 / scale);
+        }
         // One read-back per step: the step's loss and the squared gradient norm together.
         let loss_sum = Tensor::cat(losses, 0).sum(); // [1]
         let norm_sq = squared_grad_norm(&model, &grads).unwrap_or_else(|| loss_sum.zeros_like());
@@ -69,11 +82,31 @@ impl Trainer<'_> {
         let not_finite = [("loss", loss), ("gradient norm", grad_norm)]
             .into_iter()
             .find(|(_, v)| !v.is_finite());
-        if let Some((what, value)) = not_finite {
+        let overflow = matches!(not_finite, Some(("gradient norm", _)));
+        let rescaled = if overflow {
+            self.progress.loss_scale.after_overflow(precision)
+        } else {
+            None
+        };
+        if let Some(new_scale) = rescaled {
+            // f16 gradients overflowed at this loss scale: not a divergence. The update is
+            // skipped, and the step's data consumed, as with every skipped step.
+            tracing::info!(
+                step,
+                scale = new_scale,
+                "f16 gradients overflowed; loss scale halved"
+            );
+            self.say(format!(
+                "step {step:>6} | f16 gradients overflowed: update skipped, loss scale {scale} -> {new_scale}"
+            ));
+        } else if let Some((what, value)) = not_finite {
             self.skip(what, value)?;
         } else {
             clip_global_norm(&model, &mut grads, grad_norm, grad_clip);
             model = self.optim.step(lr, model, grads);
+            if let Some(new_scale) = self.progress.loss_scale.after_finite(precision) {
+                tracing::info!(step, scale = new_scale, "loss scale doubled");
+            }
         }
         self.progress.tokens_seen += per_step;
         let seconds = step_start.elapsed().as_secs_f64();
@@ -127,23 +160,38 @@ impl Trainer<'_> {
 /// One micro-batch: inputs and targets, `[B, T]` row-major.
 type Batch = (Vec<i64>, Vec<i64>);
 
-/// Forward and backward of one micro-batch on `model`, on `device` (the model's); the loss
-/// (detached, `[1]`) and the gradients stay there.
+/// Forward and backward of one micro-batch on `model`, on `device` (the model's), the loss
+/// multiplied by `scale` for the backward pass (f16 loss scaling; 1 otherwise); the loss
+/// (unscaled, detached, `[1]`) and the (scaled) gradients stay there.
 fn micro_step(
     model: &RelationLm,
     device: &Device,
     (x, y): Batch,
     t: &TrainSpec,
     accumulation: usize,
+    scale: f64,
 ) -> Result<(Tensor<1>, GradientsParams)> {
     let x = Tensor::<2, Int>::from_data(TensorData::new(x, [t.batch_size, t.seq_len]), device);
     let y = Tensor::<2, Int>::from_data(TensorData::new(y, [t.batch_size, t.seq_len]), device);
-    let logits = model.forward(x)?; // [B, T, V]
+    let logits = match t.precision {
+        Precision::F32 => model.forward(x)?, // [B, T, V]
+        // Mixed precision: the forward and backward in the half-precision copy, the loss in
+        // f32; the gradients flow back through the casts onto the f32 masters.
+        half => model
+            .cast_params(half.dtype())
+            .forward(x)?
+            .cast(FloatDType::F32), // [B, T, V]
+    };
     // Mean over this micro-batch, divided by the number of micro-batches: the accumulated
     // gradient is the gradient of the step's mean loss.
     let loss = token_nll(logits, y)?.mean().div_scalar(accumulation as f64); // [1]
     let value = loss.clone().detach();
-    let grads = GradientsParams::from_grads(loss.backward(), model);
+    let scaled = if scale != 1.0 {
+        loss.mul_scalar(scale)
+    } else {
+        loss
+    };
+    let grads = GradientsParams::from_grads(scaled.backward(), model);
     Ok((value, grads))
 }
 
@@ -168,11 +216,13 @@ fn micro_steps(
     reduction: &Reduction,
     batches: Vec<Batch>,
     t: &TrainSpec,
+    scale: f64,
 ) -> Result<(Vec<Tensor<1>>, GradientsParams)> {
     let primary = &replicas[0];
     let n = replicas.len().min(batches.len());
     if n <= 1 {
-        let (losses, grads) = replica_sum(model, primary, batches.into_iter().enumerate(), t)?;
+        let micro_batches = batches.into_iter().enumerate();
+        let (losses, grads) = replica_sum(model, primary, micro_batches, t, scale)?;
         return Ok((in_order(losses, primary), grads.unwrap_or_default()));
     }
     let copies: Vec<RelationLm> = (0..n)
@@ -190,7 +240,7 @@ fn micro_steps(
         assigned[i % n].push((i, b));
     }
     match reduction {
-        Reduction::Ordered => ordered(model, &copies, replicas, assigned, t),
+        Reduction::Ordered => ordered(model, &copies, replicas, assigned, t, scale),
         Reduction::Collective(collective) => {
             let group = collective.group(n);
             let meeting = Meeting::new(n);
@@ -198,7 +248,7 @@ fn micro_steps(
                 // Caught so that a member that panics still comes to the meeting (the others
                 // must not wait for it in the all-reduce), and panics on afterwards.
                 let summed = panic::catch_unwind(AssertUnwindSafe(|| {
-                    replica_sum(copy, device, mine.into_iter(), t)
+                    replica_sum(copy, device, mine.into_iter(), t, scale)
                 }));
                 let all_ready = meeting.all_ready(matches!(summed, Ok(Ok((_, Some(_))))));
                 let (losses, grads) = match summed {
@@ -216,7 +266,7 @@ fn micro_steps(
         }
         Reduction::HostAllReduce => {
             let sums = on_replicas(&copies, replicas, assigned, |copy, device, mine| {
-                replica_sum(copy, device, mine.into_iter(), t)
+                replica_sum(copy, device, mine.into_iter(), t, scale)
             });
             // The replicas' sums added in rank order on the first device: an all-reduce `Sum`
             // of two replicas, done by the host.
@@ -245,12 +295,13 @@ fn replica_sum(
     device: &Device,
     micro_batches: impl Iterator<Item = (usize, Batch)>,
     t: &TrainSpec,
+    scale: f64,
 ) -> Result<(Losses, Option<GradientsParams>)> {
     let accumulation = t.accumulation();
     let mut sum = GradientsAccumulator::<RelationLm>::new();
     let mut losses = Vec::new();
     for (i, b) in micro_batches {
-        let (loss, grads) = micro_step(model, device, b, t, accumulation)?;
+        let (loss, grads) = micro_step(model, device, b, t, accumulation, scale)?;
         losses.push((i, loss));
         sum.accumulate(model, grads);
     }
@@ -266,13 +317,14 @@ fn ordered(
     replicas: &[Device],
     assigned: Vec<Vec<(usize, Batch)>>,
     t: &TrainSpec,
+    scale: f64,
 ) -> Result<(Vec<Tensor<1>>, GradientsParams)> {
     let primary = &replicas[0];
     let accumulation = t.accumulation();
     let done = on_replicas(copies, replicas, assigned, |copy, device, mine| {
         mine.into_iter()
             .map(|(i, b)| {
-                let (loss, grads) = micro_step(copy, device, b, t, accumulation)?;
+                let (loss, grads) = micro_step(copy, device, b, t, accumulation, scale)?;
                 if device == primary {
                     Ok((i, loss, grads))
                 } else {
