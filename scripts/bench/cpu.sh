@@ -39,10 +39,44 @@ BIN=${CARGO_TARGET_DIR:-target}/release
     echo "(skipped: set TORCH_PYTHON to a python with torch)"
   fi
   echo
+  echo "## Matmul on Flex (the GEMM every projection and the LM head go through)"
+  echo
+  "$BIN/examples/matmul_bench" --device flex
+  if [[ -n "${TORCH_PYTHON:-}" ]]; then
+    echo
+    echo '```'
+    "$TORCH_PYTHON" - <<'PY'
+import time, torch
+n, d = 4096, 256
+for what, m, k, c, t in [("square 1024", 1024, 1024, 1024, 0), ("x @ W (d -> d)", n, d, d, 0),
+                         ("x @ W (d -> 2 d)", n, d, 2 * d, 0), ("x^T @ g (weight grad)", d, n, 2 * d, 1),
+                         ("x @ E^T (LM head)", n, d, 4096, 0), ("g^T @ x (head grad)", 4096, n, d, 1)]:
+    a = torch.randn(k, m).t() if t else torch.randn(m, k)
+    b = torch.randn(k, c)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    dt = (time.perf_counter() - t0) / 10
+    print(f"torch {what}: {dt * 1e3:.2f} ms, {2 * m * k * c / dt / 1e9:.1f} GFLOP/s")
+PY
+    echo '```'
+  fi
+  echo
   echo "## FlashRelation op on Flex"
   echo
   "$BIN/examples/flash_relation_bench" --device flex --seqs "$SEQS" --batch 4 --heads 8 \
     --head-dim 48 --iters 2 --max-materialized 1024 --max-attention 2048
+  echo
+  echo "At the 3.7M model's shape, (B 16, T 256, H 8, D 32):"
+  echo
+  "$BIN/examples/flash_relation_bench" --device flex --seqs 256 --batch 16 --heads 8 \
+    --head-dim 32 --iters 5 --max-materialized 256 --max-attention 256
+  if [[ -n "${TORCH_PYTHON:-}" ]]; then
+    echo '```'
+    "$TORCH_PYTHON" ../shared/bench/torch_cpu_relation.py 16 256 8 32 2>/dev/null
+    echo '```'
+  fi
   echo
   echo "## Linear Relation op on Flex"
   echo
@@ -63,4 +97,26 @@ CFG37="--n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len 256 --batch-s
   train_rate "3.7M Relation" --preset cpu $CFG37
   train_rate "3.7M MHA" --preset cpu-mha $CFG37
   train_rate "3.7M Hybrid LLLF" --preset cpu --pattern LLLF $CFG37
+  echo
+  echo "Longer contexts, same 4096 tokens per step (batch 4096 / T), Relation vs MHA:"
+  echo
+  echo "| model | flags | tokens/s |"
+  echo "|---|---|---|"
+  for T in 512 1024 2048; do
+    W="--n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len $T --batch-size $((4096 / T)) --tokens-per-step 4096"
+    train_rate "3.7M Relation, T $T" --preset cpu $W
+    train_rate "3.7M MHA, T $T" --preset cpu-mha $W
+  done
+  echo
+  if [[ -n "${TORCH_PYTHON:-}" ]]; then
+    echo "PyTorch CPU peer, same model and step (eager, random tokens, steps 3..${STEPS}):"
+    echo
+    echo '```'
+    for mixer in sdpa relation; do
+      "$TORCH_PYTHON" scripts/bench/torch_cpu_train.py "$mixer" --steps "$STEPS"
+    done
+    echo '```'
+  else
+    echo "(PyTorch peer skipped: set TORCH_PYTHON to a python with torch)"
+  fi
 } | tee "$OUT/cpu-train.md"

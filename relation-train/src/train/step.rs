@@ -102,8 +102,14 @@ impl Trainer<'_> {
         } else if let Some((what, value)) = not_finite {
             self.skip(what, value)?;
         } else {
+            let update = std::time::Instant::now();
             clip_global_norm(&model, &mut grads, grad_norm, grad_clip);
             model = self.optim.step(lr, model, grads);
+            tracing::debug!(
+                step,
+                update_ms = update.elapsed().as_secs_f64() * 1e3,
+                "clip and optimizer"
+            );
             if let Some(new_scale) = self.progress.loss_scale.after_finite(precision) {
                 tracing::info!(step, scale = new_scale, "loss scale doubled");
             }
@@ -171,6 +177,7 @@ fn micro_step(
     accumulation: usize,
     scale: f64,
 ) -> Result<(Tensor<1>, GradientsParams)> {
+    let start = std::time::Instant::now();
     let x = Tensor::<2, Int>::from_data(TensorData::new(x, [t.batch_size, t.seq_len]), device);
     let y = Tensor::<2, Int>::from_data(TensorData::new(y, [t.batch_size, t.seq_len]), device);
     let logits = match t.precision {
@@ -191,7 +198,14 @@ fn micro_step(
     } else {
         loss
     };
+    let forward = start.elapsed();
     let grads = GradientsParams::from_grads(scaled.backward(), model);
+    // Wall-clock on the host: exact on Flex (synchronous), the time to enqueue on GPU backends.
+    tracing::debug!(
+        forward_ms = forward.as_secs_f64() * 1e3,
+        backward_ms = (start.elapsed() - forward).as_secs_f64() * 1e3,
+        "micro-batch"
+    );
     Ok((value, grads))
 }
 

@@ -1,0 +1,62 @@
+//! The matmul roofline of a device: GFLOP/s of the products a language-model training step is
+//! made of (token-parallel projections, their two gradients, the tied LM head), so the trainer's
+//! tokens/s can be read against what the backend's GEMM delivers on the same machine.
+//!
+//! ```text
+//! cargo run --release -p relation-examples --example matmul_bench [-- --device flex]
+//! ```
+
+use burn::tensor::Tensor;
+use clap::Parser;
+use relation_examples::{BenchArgs, time_on};
+
+/// GFLOP/s of `[M, K] @ [K, N]` for the shapes of one training step of the 3.7M model
+/// (B x T = 4096 tokens, d = 256, d_ff = 512, vocabulary 4096) and a square 1024 reference.
+#[derive(Debug, Parser)]
+struct Args {
+    #[command(flatten)]
+    bench: BenchArgs,
+    /// Tokens per step (the rows M of the token-parallel products).
+    #[arg(long, default_value_t = 4096)]
+    tokens: usize,
+    /// Model width d.
+    #[arg(long, default_value_t = 256)]
+    d_model: usize,
+}
+
+fn main() {
+    let args = Args::parse();
+    let device = args.bench.device();
+    let iters = args.bench.iters_or(10);
+    let (n, d) = (args.tokens, args.d_model);
+    // (what, M, K, N, transpose lhs): forward x @ W, input gradient g @ W^T, weight gradient
+    // x^T @ g (a long K), the LM head, and the square reference.
+    let shapes: [(&str, usize, usize, usize, bool); 6] = [
+        ("square 1024", 1024, 1024, 1024, false),
+        ("x @ W (d -> d)", n, d, d, false),
+        ("x @ W (d -> 2 d)", n, d, 2 * d, false),
+        ("x^T @ g (weight grad)", d, n, 2 * d, true),
+        ("x @ E^T (LM head)", n, d, 4096, false),
+        ("g^T @ x (head grad)", 4096, n, d, true),
+    ];
+    println!("Matmul on {device:?}, f32, mean of {iters} iterations\n");
+    println!("| product | M x K x N | ms | GFLOP/s |");
+    println!("|---|---|---|---|");
+    for (what, m, k, cols, transposed) in shapes {
+        let a = if transposed {
+            Tensor::<2>::random([k, m], burn::tensor::Distribution::Default, &device).transpose()
+        } else {
+            Tensor::<2>::random([m, k], burn::tensor::Distribution::Default, &device)
+        };
+        let b = Tensor::<2>::random([k, cols], burn::tensor::Distribution::Default, &device);
+        let time = time_on(&device, iters, &mut || {
+            let _ = a.clone().matmul(b.clone());
+        });
+        let flops = 2.0 * (m * k * cols) as f64;
+        println!(
+            "| {what} | {m} x {k} x {cols} | {:.2} | {:.1} |",
+            time.as_secs_f64() * 1e3,
+            flops / time.as_secs_f64() / 1e9
+        );
+    }
+}
