@@ -43,8 +43,8 @@ use super::{NO_HISTORY_LSE, STATS};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads};
 use crate::tile::flex::{
-    Mat, dims4, exp, gather_heads, gemm, max_of, output, read_f32, scatter_heads, sigmoid, simd,
-    sum_of, tensor,
+    Mat, Vectorized, dims4, exp, gather_heads, gemm, max_of, output, read_f32, scatter_heads,
+    sigmoid, sum_of, tensor, vectorized,
 };
 
 /// Query rows per task (forward) and per block (backward).
@@ -151,7 +151,15 @@ fn launch_forward(
                 .enumerate()
                 .for_each(|(block, ((y, ibar), stats))| {
                     let rows = Rows { y, ibar, stats };
-                    simd(|| forward_block(head, block * BLOCK_Q, rows, lambda, scale, inv_tau));
+                    let i0 = block * BLOCK_Q;
+                    vectorized(ForwardBlock {
+                        head,
+                        i0,
+                        rows,
+                        lambda,
+                        scale,
+                        inv_tau,
+                    });
                 });
         });
 
@@ -176,8 +184,35 @@ struct Rows<'a> {
     stats: &'a mut [f32],
 }
 
+/// One forward task, compiled for the CPU's vector extension ([`vectorized`]).
+struct ForwardBlock<'a> {
+    head: Head<'a>,
+    i0: usize,
+    rows: Rows<'a>,
+    lambda: f32,
+    scale: f32,
+    inv_tau: f32,
+}
+
+impl Vectorized for ForwardBlock<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let Self {
+            head,
+            i0,
+            rows,
+            lambda,
+            scale,
+            inv_tau,
+        } = self;
+        forward_block(head, i0, rows, lambda, scale, inv_tau);
+    }
+}
+
 /// Query rows `i0 .. i0 + n` of one head.
-#[inline(always)] // into `simd`, so the row loops are vectorised for this CPU
+#[inline(always)] // into `ForwardBlock::run`, so the row loops are vectorised for this CPU
 fn forward_block(head: Head<'_>, i0: usize, rows: Rows<'_>, lambda: f32, scale: f32, inv_tau: f32) {
     let d = head.d;
     let n = rows.y.len() / d;
@@ -296,7 +331,13 @@ pub(crate) fn backward(
                 dy: &dy[span],
                 stats: &stats[bh * t * STATS..(bh + 1) * t * STATS],
             };
-            simd(|| backward_head(head, saved, [dp1, dp2, dinfo], scale, inv_tau))
+            vectorized(BackwardHead {
+                head,
+                saved,
+                grads: [dp1, dp2, dinfo],
+                scale,
+                inv_tau,
+            })
         })
         .collect();
     // dlambda = -sum_i dA_i log i, over heads in a fixed order.
@@ -317,8 +358,26 @@ struct Saved<'a> {
     stats: &'a [f32],
 }
 
+/// One backward task, compiled for the CPU's vector extension ([`vectorized`]).
+struct BackwardHead<'a> {
+    head: Head<'a>,
+    saved: Saved<'a>,
+    grads: [&'a mut [f32]; 3],
+    scale: f32,
+    inv_tau: f32,
+}
+
+impl Vectorized for BackwardHead<'_> {
+    type Output = f64;
+
+    #[inline(always)]
+    fn run(self) -> f64 {
+        backward_head(self.head, self.saved, self.grads, self.scale, self.inv_tau)
+    }
+}
+
 /// Gradients of one head into `[dp1, dp2, dinfo]` (each `[T, D]`); returns `sum_i dA_i log i`.
-#[inline(always)] // into `simd`, so the element loops are vectorised for this CPU
+#[inline(always)] // into `BackwardHead::run`, so the element loops are vectorised for this CPU
 fn backward_head(
     head: Head<'_>,
     saved: Saved<'_>,

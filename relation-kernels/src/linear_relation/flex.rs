@@ -40,7 +40,7 @@ use crate::LinearRelationMode;
 use crate::launches;
 use crate::ops::{LinearArgs, LinearGrads};
 use crate::tile::flex::{
-    LANES, dims4, gather_heads, output, read_f32, scatter_heads, simd, tensor,
+    LANES, Vectorized, dims4, gather_heads, output, read_f32, scatter_heads, tensor, vectorized,
 };
 
 /// The inputs of one head, heads-first `[T, D]` each, and `D`.
@@ -132,15 +132,7 @@ pub(crate) fn forward(
             };
             let (y, state) = out.split_at_mut(t * d);
             state.copy_from_slice(&h0[bh * d * d..(bh + 1) * d * d]);
-            simd(|| {
-                for ti in 0..t {
-                    let e = &mut y[ti * d..(ti + 1) * d];
-                    head.step(state, ti, Some(e));
-                    for (e, &v) in e.iter_mut().zip(head.row(head.v, ti)) {
-                        *e += v; // y = v + E
-                    }
-                }
-            });
+            vectorized(ForwardHead { head, state, y });
         });
     tensor(out, Shape::new([b, h, t + d, d]), dtype)
 }
@@ -189,7 +181,12 @@ pub(crate) fn backward(
             };
             let d_out = &d_out[bh * (t + d) * d..(bh + 1) * (t + d) * d];
             let h0 = &h0[bh * d * d..(bh + 1) * d * d];
-            simd(|| backward_head(head, h0, d_out, grads));
+            vectorized(BackwardHead {
+                head,
+                h0,
+                d_out,
+                grads,
+            });
         });
 
     // Split the per-head blocks into the five gradients.
@@ -211,8 +208,49 @@ pub(crate) fn backward(
     )
 }
 
+/// One head's forward, compiled for the CPU's vector extension ([`vectorized`]): the recurrence
+/// token by token, `y = v + E` into `y` (`[T, D]`), the state carried in `state` (`[D, D]`).
+struct ForwardHead<'a> {
+    head: Head<'a>,
+    state: &'a mut [f32],
+    y: &'a mut [f32],
+}
+
+impl Vectorized for ForwardHead<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let Self { head, state, y } = self;
+        let d = head.d;
+        for (ti, e) in y.chunks_exact_mut(d).enumerate() {
+            head.step(state, ti, Some(&mut *e));
+            for (e, &v) in e.iter_mut().zip(head.row(head.v, ti)) {
+                *e += v; // y = v + E
+            }
+        }
+    }
+}
+
+/// One head's backward, compiled for the CPU's vector extension ([`vectorized`]).
+struct BackwardHead<'a> {
+    head: Head<'a>,
+    h0: &'a [f32],
+    d_out: &'a [f32],
+    grads: &'a mut [f32],
+}
+
+impl Vectorized for BackwardHead<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        backward_head(self.head, self.h0, self.d_out, self.grads);
+    }
+}
+
 /// One head's backward into `grads = [dq | dk | dv | dg | dh0]`.
-#[inline(always)] // into `simd`
+#[inline(always)] // into `BackwardHead::run`
 fn backward_head(head: Head<'_>, h0: &[f32], d_out: &[f32], grads: &mut [f32]) {
     let d = head.d;
     let t = head.q.len() / d;

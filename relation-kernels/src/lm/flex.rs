@@ -1,7 +1,7 @@
 //! Flex kernels of the language-model ops: one pass each, split over the thread pool in fixed
 //! chunks (every chunk owns its output slice and runs the same arithmetic whatever the thread
 //! count, so results are bitwise identical for 1 or N threads), element loops vectorised through
-//! [`simd`] with the branch-free [`exp`].
+//! [`vectorized`] with the branch-free [`exp`].
 //!
 //! ```text
 //! SwiGLU        y = g s u,  s = sigmoid(g)
@@ -15,7 +15,7 @@ use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
 use crate::launches;
-use crate::tile::flex::{exp, max_of, output, simd, tensor, with_f32};
+use crate::tile::flex::{Vectorized, exp, max_of, output, tensor, vectorized, with_f32};
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
 const ELEMS_PER_TASK: usize = 16 * 1024;
@@ -66,13 +66,7 @@ pub(crate) fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
             y.par_chunks_mut(ELEMS_PER_TASK)
                 .zip(g.par_chunks(ELEMS_PER_TASK))
                 .zip(u.par_chunks(ELEMS_PER_TASK))
-                .for_each(|((y, g), u)| {
-                    simd(|| {
-                        for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
-                            *y = g / (1.0 + exp(-g)) * u;
-                        }
-                    })
-                });
+                .for_each(|((y, g), u)| vectorized(SwigluFwd { y, g, u }));
         })
     });
     tensor(y, shape, dtype)
@@ -100,15 +94,7 @@ pub(crate) fn swiglu_bwd(
                             .zip(dy.par_chunks(ELEMS_PER_TASK)),
                     )
                     .for_each(|(((dg, du), g), (u, dy))| {
-                        simd(|| {
-                            for ((((dg, du), &g), &u), &dy) in
-                                dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u).zip(dy)
-                            {
-                                let s = 1.0 / (1.0 + exp(-g));
-                                *du = dy * g * s;
-                                *dg = dy * u * s * (1.0 + g * (1.0 - s));
-                            }
-                        })
+                        vectorized(SwigluBwd { dg, du, g, u, dy });
                     });
             })
         })
@@ -139,17 +125,13 @@ pub(crate) fn cross_entropy_fwd(
             .zip(x.par_chunks(rows * v))
             .zip(ids.par_chunks(rows))
             .for_each(|(((nll, lse), x), ids)| {
-                simd(|| {
-                    for (((nll, lse), x), &id) in
-                        nll.iter_mut().zip(lse.iter_mut()).zip(x.chunks(v)).zip(ids)
-                    {
-                        let m = max_of(x, f32::NEG_INFINITY);
-                        let sum = sum_exp(x, m);
-                        let l = m + sum.ln();
-                        *lse = l;
-                        *nll = l - x[id];
-                    }
-                })
+                vectorized(CrossEntropyFwd {
+                    nll,
+                    lse,
+                    x,
+                    ids,
+                    v,
+                });
             });
     });
     (
@@ -194,19 +176,122 @@ pub(crate) fn cross_entropy_bwd(
                     .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
                     .zip(ids.par_chunks(rows))
                     .for_each(|(((dx, x), (lse, d)), ids)| {
-                        simd(|| {
-                            for ((((dx, x), &l), &d), &id) in
-                                dx.chunks_mut(v).zip(x.chunks(v)).zip(lse).zip(d).zip(ids)
-                            {
-                                for (dx, &x) in dx.iter_mut().zip(x) {
-                                    *dx = d * exp(x - l);
-                                }
-                                dx[id] -= d;
-                            }
-                        })
+                        vectorized(CrossEntropyBwd {
+                            dx,
+                            x,
+                            lse,
+                            d,
+                            ids,
+                            v,
+                        });
                     });
             })
         })
     });
     tensor(dx, Shape::new([n, v]), dtype)
+}
+
+/// `y = SiLU(g) u` over one chunk.
+struct SwigluFwd<'a> {
+    y: &'a mut [f32],
+    g: &'a [f32],
+    u: &'a [f32],
+}
+
+impl Vectorized for SwigluFwd<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        for ((y, &g), &u) in self.y.iter_mut().zip(self.g).zip(self.u) {
+            *y = g / (1.0 + exp(-g)) * u;
+        }
+    }
+}
+
+/// `(d gate, d up)` of SwiGLU over one chunk.
+struct SwigluBwd<'a> {
+    dg: &'a mut [f32],
+    du: &'a mut [f32],
+    g: &'a [f32],
+    u: &'a [f32],
+    dy: &'a [f32],
+}
+
+impl Vectorized for SwigluBwd<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let Self { dg, du, g, u, dy } = self;
+        for ((((dg, du), &g), &u), &dy) in dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u).zip(dy) {
+            let s = 1.0 / (1.0 + exp(-g));
+            *du = dy * g * s;
+            *dg = dy * u * s * (1.0 + g * (1.0 - s));
+        }
+    }
+}
+
+/// `(nll, lse)` of a block of rows (`x`: rows of `v` logits).
+struct CrossEntropyFwd<'a> {
+    nll: &'a mut [f32],
+    lse: &'a mut [f32],
+    x: &'a [f32],
+    ids: &'a [usize],
+    v: usize,
+}
+
+impl Vectorized for CrossEntropyFwd<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let Self {
+            nll,
+            lse,
+            x,
+            ids,
+            v,
+        } = self;
+        for (((nll, lse), x), &id) in nll.iter_mut().zip(lse.iter_mut()).zip(x.chunks(v)).zip(ids) {
+            let m = max_of(x, f32::NEG_INFINITY);
+            let sum = sum_exp(x, m);
+            let l = m + sum.ln();
+            *lse = l;
+            *nll = l - x[id];
+        }
+    }
+}
+
+/// `d logits` of a block of rows.
+struct CrossEntropyBwd<'a> {
+    dx: &'a mut [f32],
+    x: &'a [f32],
+    lse: &'a [f32],
+    d: &'a [f32],
+    ids: &'a [usize],
+    v: usize,
+}
+
+impl Vectorized for CrossEntropyBwd<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) {
+        let Self {
+            dx,
+            x,
+            lse,
+            d,
+            ids,
+            v,
+        } = self;
+        for ((((dx, x), &l), &d), &id) in dx.chunks_mut(v).zip(x.chunks(v)).zip(lse).zip(d).zip(ids)
+        {
+            for (dx, &x) in dx.iter_mut().zip(x) {
+                *dx = d * exp(x - l);
+            }
+            dx[id] -= d;
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! What the Flex (pure-Rust CPU) kernels share: heads-first f32 tiles in and out of Flex
-//! storage, the tile GEMM, and the vectorised element-wise maths.
+//! storage, the tile GEMM, and the vectorised element-wise maths ([`vectorized`]).
 //!
 //! The kernels themselves live with their operation (`flash_relation/flex.rs`,
 //! `linear_relation/flex.rs`, `self_relation/flex.rs`). They all follow one pattern:
@@ -107,12 +107,38 @@ pub(crate) fn output(len: usize) -> Vec<f32> {
     vec![fill; len]
 }
 
-/// Runs `f` compiled for the best vector extension this CPU has (AVX2 + FMA on x86-64, where
-/// the default target is SSE2 only), chosen at run time. Everything `f` inlines is vectorised
-/// for it; the arithmetic is the same (no fast-math), so only speed changes.
-#[inline(always)]
-pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
-    pulp::Arch::new().dispatch(f)
+/// A kernel body to compile for the best vector extension this CPU has (AVX2 + FMA on x86-64,
+/// where the default target is SSE2 only), chosen at run time by [`vectorized`]: a struct of the
+/// body's arguments whose [`run`](Self::run) is `#[inline(always)]`. The arithmetic is the same
+/// (no fast-math), so only speed changes.
+///
+/// Why a trait and not a closure: `pulp` compiles what is *inlined into* its
+/// `#[target_feature]` trampoline for the vector extension, and LLVM does not inline a large
+/// closure body there — measured: with `simd(|| forward_block(…))` the FlashRelation forward and
+/// the cross-entropy were SSE2 code (no `ymm` register in their disassembly). A method marked
+/// `#[inline(always)]` is always inlined, so its loops are vectorised for the extension.
+pub(crate) trait Vectorized {
+    /// What the body returns.
+    type Output;
+    /// The body; implementations must be `#[inline(always)]`.
+    fn run(self) -> Self::Output;
+}
+
+/// `pulp`'s entry: runs the body inside the trampoline compiled for the chosen extension.
+struct Dispatch<K>(K);
+
+impl<K: Vectorized> pulp::WithSimd for Dispatch<K> {
+    type Output = K::Output;
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) -> K::Output {
+        self.0.run()
+    }
+}
+
+/// Runs `kernel` compiled for the best vector extension this CPU has (see [`Vectorized`]).
+pub(crate) fn vectorized<K: Vectorized>(kernel: K) -> K::Output {
+    pulp::Arch::new().dispatch(Dispatch(kernel))
 }
 
 /// `e^x` in f32, branch-free so loops over slices vectorise (libm's `expf` is a call per
