@@ -199,15 +199,8 @@ impl Vectorized for ForwardBlock<'_> {
 
     #[inline(always)]
     fn run(self) {
-        let Self {
-            head,
-            i0,
-            rows,
-            lambda,
-            scale,
-            inv_tau,
-        } = self;
-        forward_block(head, i0, rows, lambda, scale, inv_tau);
+        let s = self;
+        forward_block(s.head, s.i0, s.rows, s.lambda, s.scale, s.inv_tau);
     }
 }
 
