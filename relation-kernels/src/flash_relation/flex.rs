@@ -199,14 +199,22 @@ impl Vectorized for ForwardBlock<'_> {
 
     #[inline(always)]
     fn run(self) {
-        let s = self;
-        forward_block(s.head, s.i0, s.rows, s.lambda, s.scale, s.inv_tau);
+        forward_block(self);
     }
 }
 
 /// Query rows `i0 .. i0 + n` of one head.
 #[inline(always)] // into `ForwardBlock::run`, so the row loops are vectorised for this CPU
-fn forward_block(head: Head<'_>, i0: usize, rows: Rows<'_>, lambda: f32, scale: f32, inv_tau: f32) {
+fn forward_block(
+    ForwardBlock {
+        head,
+        i0,
+        rows,
+        lambda,
+        scale,
+        inv_tau,
+    }: ForwardBlock<'_>,
+) {
     let d = head.d;
     let n = rows.y.len() / d;
     let i1 = i0 + n;
