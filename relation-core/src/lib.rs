@@ -26,7 +26,7 @@ pub use linear::{
     LinearRelationOutput, kda_log_gates, l2_normalize, naive_chunk_linear_relation,
     naive_recurrent_linear_relation,
 };
-pub use lm::{naive_cross_entropy, naive_swiglu};
+pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_swiglu};
 pub use relation::{
     FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
     naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,

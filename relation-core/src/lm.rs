@@ -1,6 +1,7 @@
-//! The language-model pieces around the mixers that have fused CPU kernels: the SwiGLU gate and
-//! the per-token cross-entropy. Written with tensor operations (any device, differentiable by
-//! Burn); `relation-kernels` fuses each into one multi-threaded pass on Flex.
+//! The language-model pieces around the mixers that have fused CPU kernels: the dense (fully
+//! connected) product, the SwiGLU gate and the per-token cross-entropy. Written with tensor
+//! operations (any device, differentiable by Burn); `relation-kernels` gives each a
+//! multi-threaded Flex kernel.
 
 use burn::tensor::activation::{log_softmax, silu};
 use burn::tensor::{Int, Tensor};
@@ -20,6 +21,75 @@ use crate::error::{RelationError, Result};
 pub fn naive_swiglu<const N: usize>(gate: Tensor<N>, up: Tensor<N>) -> Result<Tensor<N>> {
     check_swiglu(&gate, &up)?;
     Ok(silu(gate) * up)
+}
+
+/// How a dense layer stores its weight `W`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightLayout {
+    /// `[K, M]` (inputs by outputs), the product is `x W`: Burn's `Linear`.
+    InOut,
+    /// `[M, K]` (outputs by inputs), the product is `x Wᵀ`: a tied embedding used as the output
+    /// head (`[V, d]`).
+    OutIn,
+}
+
+impl WeightLayout {
+    /// `(K, M)`, inputs and outputs, of a weight of shape `dims` stored this way.
+    pub fn in_out(self, [rows, cols]: [usize; 2]) -> (usize, usize) {
+        match self {
+            Self::InOut => (rows, cols),
+            Self::OutIn => (cols, rows),
+        }
+    }
+}
+
+/// The dense product `x W` (or `x Wᵀ`, see [`WeightLayout`]): every projection of the model and
+/// its output head.
+///
+/// Gradients (what a fused backward must produce), with `W` as `[K, M]` and upstream `dy`:
+/// `dx = dy Wᵀ`, `dW = xᵀ dy` (for [`WeightLayout::OutIn`], `dW = dyᵀ x`).
+///
+/// # Shapes
+/// - `x`: `[N, K]`; `w`: `[K, M]` ([`WeightLayout::InOut`]) or `[M, K]` ([`WeightLayout::OutIn`])
+/// - output: `[N, M]`
+///
+/// # Errors
+/// [`RelationError::EmptyDimension`], [`RelationError::ShapeMismatch`] when `w`'s input dimension
+/// is not `K`, [`RelationError::DeviceMismatch`], [`RelationError::DtypeMismatch`].
+pub fn naive_dense(x: Tensor<2>, w: Tensor<2>, layout: WeightLayout) -> Result<Tensor<2>> {
+    check_dense(&x, &w, layout)?;
+    Ok(match layout {
+        WeightLayout::InOut => x.matmul(w),
+        WeightLayout::OutIn => x.matmul(w.transpose()),
+    })
+}
+
+/// Checks the inputs of [`naive_dense`] (shared with the fused entry point).
+///
+/// # Errors
+/// As [`naive_dense`].
+pub fn check_dense(x: &Tensor<2>, w: &Tensor<2>, layout: WeightLayout) -> Result<()> {
+    let [n, k] = x.dims();
+    if n == 0 || k == 0 {
+        return Err(RelationError::EmptyDimension {
+            name: "x",
+            dim: if n == 0 { 'N' } else { 'K' },
+            shape: vec![n, k],
+        });
+    }
+    let (w_in, w_out) = layout.in_out(w.dims());
+    if w_in != k || w_out == 0 {
+        return Err(RelationError::ShapeMismatch {
+            name: "w",
+            expected: match layout {
+                WeightLayout::InOut => format!("[K, M] with K = {k} and M > 0"),
+                WeightLayout::OutIn => format!("[M, K] with K = {k} and M > 0"),
+            },
+            got: w.dims().to_vec(),
+        });
+    }
+    crate::check::same_device_as("w", w, "x", x)?;
+    crate::check::same_dtype("w", w, "x", x)
 }
 
 /// Negative log-likelihood of each target under its row of logits, in nats:

@@ -14,6 +14,7 @@ pub(crate) static CHUNK_LINEAR_RELATION_FWD: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static CHUNK_LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SWIGLU: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static CROSS_ENTROPY: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static DENSE: AtomicUsize = AtomicUsize::new(0);
 
 /// Launches of the fused SwiGLU kernels (forward and backward).
 pub fn swiglu() -> usize {
@@ -23,6 +24,11 @@ pub fn swiglu() -> usize {
 /// Launches of the fused cross-entropy kernels (forward and backward).
 pub fn cross_entropy() -> usize {
     CROSS_ENTROPY.load(Ordering::SeqCst)
+}
+
+/// Launches of the Flex dense product (forward and each backward product).
+pub fn dense() -> usize {
+    DENSE.load(Ordering::SeqCst)
 }
 
 /// Launches of the `self_relation` kernel.

@@ -69,13 +69,23 @@ fn linear_run() -> Vec<TensorData> {
     data
 }
 
-/// Outputs and gradients of the language-model ops (SwiGLU gate, cross-entropy), as data.
+/// Outputs and gradients of the language-model ops (dense product, SwiGLU gate, cross-entropy),
+/// as data.
 fn lm_run() -> Vec<TensorData> {
     let device = Device::flex().autodiff();
     let gate = uniform([3, 700, 96], 1, 3.0, &device, DType::F32).require_grad();
     let up = uniform([3, 700, 96], 2, 1.0, &device, DType::F32).require_grad();
     let y = relation_kernels::swiglu(gate.clone(), up.clone(), Strategy::Fused).unwrap();
-    let logits = uniform([300, 777], 3, 4.0, &device, DType::F32).require_grad();
+    let x = uniform([300, 517], 4, 1.0, &device, DType::F32).require_grad();
+    let w = uniform([777, 517], 5, 1.0, &device, DType::F32).require_grad();
+    // [300, 517] x [777, 517]ᵀ: big enough to be split among threads.
+    let logits = relation_kernels::dense(
+        x.clone(),
+        w.clone(),
+        relation_core::WeightLayout::OutIn,
+        Strategy::Fused,
+    )
+    .unwrap();
     let ids: Vec<i64> = (0..300).map(|i| (i * 37 % 777) as i64).collect();
     let targets = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(ids, [300]), &device);
     let nll = relation_kernels::cross_entropy(logits.clone(), targets, Strategy::Fused).unwrap();
@@ -85,7 +95,8 @@ fn lm_run() -> Vec<TensorData> {
         nll.into_data(),
         gate.grad(&grads).unwrap().into_data(),
         up.grad(&grads).unwrap().into_data(),
-        logits.grad(&grads).unwrap().into_data(),
+        x.grad(&grads).unwrap().into_data(),
+        w.grad(&grads).unwrap().into_data(),
     ]
 }
 
@@ -94,7 +105,7 @@ fn flex_kernels_are_bitwise_equal_on_one_and_many_threads() {
     for (name, run) in [
         ("flash_relation", flash_run as fn() -> Vec<TensorData>),
         ("chunk_linear_relation", linear_run),
-        ("swiglu + cross_entropy", lm_run),
+        ("dense + swiglu + cross_entropy", lm_run),
     ] {
         let one = on_threads(1, run);
         for threads in [2, 3] {

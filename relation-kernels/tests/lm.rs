@@ -1,12 +1,12 @@
-//! The language-model ops (`swiglu`, `cross_entropy`): Flex's fused kernels against the
+//! The language-model ops (`dense`, `swiglu`, `cross_entropy`): Flex's kernels against the
 //! `relation-core` references — forward and every gradient, awkward shapes, f32 and f16, NaN-poisoned
 //! outputs, huge logits — and the reference path everywhere else.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::RelationError;
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
-use relation_core::{naive_cross_entropy, naive_swiglu};
-use relation_kernels::{KernelError, Strategy, cross_entropy, debug, launches, swiglu};
+use relation_core::{WeightLayout, naive_cross_entropy, naive_dense, naive_swiglu};
+use relation_kernels::{KernelError, Strategy, cross_entropy, debug, dense, launches, swiglu};
 
 use crate::common::{flex, to_flex};
 
@@ -85,6 +85,101 @@ fn swiglu_fused_matches_the_reference() {
     check_swiglu([2, 257, 64], DType::F16, 2.0);
     // Saturated gates: sigmoid at 0 and 1, no overflow.
     check_swiglu([4, 128], DType::F32, 200.0);
+}
+
+/// The dense product `[n, k] x W` and both gradients, on Flex in `dtype` vs the f32 reference
+/// (Burn's matmul), with the weight stored as `layout` says.
+fn check_dense(n: usize, k: usize, m: usize, layout: WeightLayout, dtype: DType) {
+    debug::poison_outputs(true);
+    let what = format!("dense N {n} K {k} M {m} {layout:?} {dtype:?}");
+    let w_dims = match layout {
+        WeightLayout::InOut => [k, m],
+        WeightLayout::OutIn => [m, k],
+    };
+    let (x, w, r) = (
+        data([n, k], 21, 2.0, dtype),
+        data(w_dims, 22, 1.0, dtype),
+        data([n, m], 23, 1.0, dtype),
+    );
+    let device = flex().autodiff();
+    let before = launches::dense();
+    let (xt, wt) = (
+        on::<2>(&x, &device, dtype, true),
+        on::<2>(&w, &device, dtype, true),
+    );
+    let y = dense(xt.clone(), wt.clone(), layout, Strategy::Fused).unwrap();
+    let grads = (y.clone() * on::<2>(&r, &device, dtype, false))
+        .sum()
+        .backward();
+    assert_eq!(
+        launches::dense(),
+        before + 3,
+        "{what}: the forward and both backward products did not all run on the kernel"
+    );
+
+    let reference = flex().autodiff();
+    let (rx, rw) = (
+        on::<2>(&x, &reference, DType::F32, true),
+        on::<2>(&w, &reference, DType::F32, true),
+    );
+    let ry = naive_dense(rx.clone(), rw.clone(), layout).unwrap();
+    let rgrads = (ry.clone() * on::<2>(&r, &reference, DType::F32, false))
+        .sum()
+        .backward();
+    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+    assert_eq!(y.dims(), [n, m], "{what}: output shape");
+    let (fwd, grad) = (
+        tolerance(dtype, Check::Forward),
+        tolerance(dtype, Check::Gradient),
+    );
+    assert_close(
+        &format!("y {what}"),
+        &to_flex(y.detach()),
+        &ry.detach(),
+        fwd,
+    );
+    for (name, got, want) in [
+        ("d x", xt.grad(&grads), rx.grad(&rgrads)),
+        ("d w", wt.grad(&grads), rw.grad(&rgrads)),
+    ] {
+        let (got, want) = (got.expect(name), want.expect(name));
+        assert_close(&format!("{name} {what}"), &to_flex(got), &want, grad);
+    }
+}
+
+#[test]
+fn dense_fused_matches_the_reference() {
+    for layout in [WeightLayout::InOut, WeightLayout::OutIn] {
+        check_dense(1, 1, 1, layout, DType::F32);
+        check_dense(1, 48, 80, layout, DType::F32); // one token (decoding)
+        check_dense(63, 60, 48, layout, DType::F32);
+        check_dense(1000, 80, 257, layout, DType::F32);
+        check_dense(257, 256, 1000, layout, DType::F32); // the output head's shape, smaller
+        check_dense(63, 64, 48, layout, DType::F16);
+        check_dense(130, 48, 60, layout, DType::BF16);
+    }
+}
+
+#[test]
+fn dense_of_known_matrices() {
+    // The one product that needs no reference: [[1, 2], [3, 4]] x [[5, 6], [7, 8]].
+    let device = flex();
+    let x = Tensor::<2>::from_data([[1.0f32, 2.0], [3.0, 4.0]], &device);
+    let w = Tensor::<2>::from_data([[5.0f32, 6.0], [7.0, 8.0]], &device);
+    let want = [19.0f32, 22.0, 43.0, 50.0];
+    let y: Vec<f32> = dense(x.clone(), w.clone(), WeightLayout::InOut, Strategy::Fused)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    assert_eq!(y, want);
+    // Stored transposed, the same product needs `w`'s transpose.
+    let yt: Vec<f32> = dense(x, w.transpose(), WeightLayout::OutIn, Strategy::Fused)
+        .unwrap()
+        .into_data()
+        .try_to_vec()
+        .unwrap();
+    assert_eq!(yt, want);
 }
 
 /// Token ids in `0..vocab` from a seed, with the first at 0 and the last at `vocab - 1`.
@@ -208,6 +303,31 @@ fn lm_ops_refuse_bad_inputs() {
                 ..
             }))
         ));
+        let x = uniform([4, 6], 1, 1.0, &device, DType::F32);
+        let err = dense(
+            x.clone(),
+            uniform([5, 3], 2, 1.0, &device, DType::F32),
+            WeightLayout::InOut,
+            strategy,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(
+                &err,
+                KernelError::Invalid(RelationError::ShapeMismatch { name: "w", got, .. })
+                    if got == &vec![5, 3]
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("K = 6"), "{err}");
+        let err = dense(
+            x.clone(),
+            uniform([6, 3], 2, 1.0, &device, DType::F16),
+            WeightLayout::InOut,
+            strategy,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("F16"), "{err}");
         let err = swiglu(
             uniform([2, 3], 1, 1.0, &device, DType::F32),
             uniform([3, 2], 1, 1.0, &device, DType::F32),
@@ -255,5 +375,14 @@ fn lm_ops_use_the_reference_on(device: Device) {
         tolerance(DType::F32, Check::Forward),
     );
     let g = uniform([4, 8], 1, 1.0, &device, DType::F32);
-    assert!(swiglu(g.clone(), g, Strategy::Fused).is_err());
+    assert!(swiglu(g.clone(), g.clone(), Strategy::Fused).is_err());
+    let w = uniform([8, 3], 2, 1.0, &device, DType::F32);
+    assert!(dense(g.clone(), w.clone(), WeightLayout::InOut, Strategy::Fused).is_err());
+    let got = dense(g.clone(), w.clone(), WeightLayout::InOut, Strategy::Auto).unwrap();
+    assert_close(
+        &format!("dense on {device:?}"),
+        &to_flex(got),
+        &to_flex(g.matmul(w)),
+        tolerance(DType::F32, Check::Forward),
+    );
 }

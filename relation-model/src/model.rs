@@ -7,6 +7,8 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, RmsNorm, RmsNormConfig};
 use burn::store::{ModuleRecord, ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Device, FloatDType, Int, Tensor};
+use relation_core::WeightLayout;
+use relation_kernels::Strategy;
 
 use crate::cache::{LayerCache, LmCache};
 use crate::config::{MixerKind, RelationLmConfig};
@@ -226,18 +228,16 @@ impl RelationLm {
     }
 
     /// Logits from hidden states with the tied embedding: `h E^T`.
-    fn logits(&self, h: Tensor<3>) -> Tensor<3> {
+    fn logits(&self, h: Tensor<3>) -> Result<Tensor<3>> {
         let [b, t, d] = h.dims();
         let e = self.embedding.weight.val(); // [V, d]
-        // One [B·T, d] x [d, V] product: its weight gradient is a single GEMM over all tokens
-        // rather than B products summed afterwards (see `layers::dense`).
-        let logits = self
-            .norm
-            .forward(h)
-            .reshape([b * t, d])
-            .matmul(e.transpose()); // [B·T, V]
+        // One [B·T, d] x [d, V] product reading the tied embedding in place (`x Eᵀ`): its
+        // weight gradient is a single GEMM over all tokens rather than B products summed
+        // afterwards (see `layers::dense`).
+        let h = self.norm.forward(h).reshape([b * t, d]); // [B, T, d] -> [B·T, d]
+        let logits = relation_kernels::dense(h, e, WeightLayout::OutIn, Strategy::Auto)?; // [B·T, V]
         let v = logits.dims()[1];
-        logits.reshape([b, t, v]) // [B, T, V]
+        Ok(logits.reshape([b, t, v])) // [B·T, V] -> [B, T, V]
     }
 
     /// Next-token logits for every position.
@@ -257,7 +257,7 @@ impl RelationLm {
                     .forward(block.norm_mixer.forward(h), None, &mut scores)?;
             h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h))?;
         }
-        Ok(self.logits(h))
+        self.logits(h)
     }
 
     /// Logits for the next `n` tokens, continuing from `cache` (prefill with all of a prompt,
@@ -287,7 +287,7 @@ impl RelationLm {
                 .forward(normed, Some(layer_cache), &mut scores)?;
             h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h))?;
         }
-        Ok(self.logits(h))
+        self.logits(h)
     }
 
     /// An empty cache for this model.

@@ -1,4 +1,5 @@
-//! Flex kernels of the language-model ops: one pass each, split over the thread pool in fixed
+//! Flex kernels of the language-model ops. The dense product is faer's GEMM (below); the others
+//! are one pass each, split over the thread pool in fixed
 //! chunks (every chunk owns its output slice and runs the same arithmetic whatever the thread
 //! count, so results are bitwise identical for 1 or N threads), element loops vectorised through
 //! [`vectorized`] with the branch-free [`exp`].
@@ -53,6 +54,49 @@ fn read_ids(x: &FlexTensor) -> Vec<usize> {
         DType::U8 => ids(x.as_slice::<u8>().expect(CONTIGUOUS)),
         other => panic!("relation-kernels (flex): token ids of dtype {other:?}"),
     }
+}
+
+/// `op_a(a) · op_b(b)` (`op` transposes when its flag is set) in `a`'s dtype, through faer's
+/// matrix product on the thread pool.
+///
+/// Why not Flex's own matmul: at the model's shapes (`K` = 256..512 rows of `N` = 4096 tokens)
+/// it ran at 49–113 GFLOP/s on two cores where the same GEMM kernels reach 150–200 (see
+/// `examples/matmul_bench.rs`): every Flex output is allocated as zeroed bytes and then copied
+/// once more to fix its alignment (two extra passes and twice the page faults over a 4–64 MiB
+/// output), and a transposed factor goes through the same path. Here the output is one zeroed
+/// f32 buffer that the product overwrites, transposes are free (a strided view), and faer's
+/// kernels are ~10–25 % faster than `gemm`'s at these shapes. faer splits the output rows and
+/// columns among threads, never the `K` sum, so every element is summed in the same order for
+/// any thread count (tested bitwise in `flex_threads`).
+///
+/// # Shapes
+/// - `a`: `[M, K]` (`[K, M]` when `ta`), `b`: `[K, N]` (`[N, K]` when `tb`); output `[M, N]`
+pub(crate) fn dense(a: FlexTensor, b: FlexTensor, ta: bool, tb: bool) -> FlexTensor {
+    use faer::{Accum, MatMut, MatRef, Par};
+    launches::record(&launches::DENSE);
+    let dtype = a.dtype();
+    let [ar, ac] = dims2(&a);
+    let [br, bc] = dims2(&b);
+    let (m, k) = if ta { (ac, ar) } else { (ar, ac) };
+    let n = if tb { br } else { bc };
+    // Below ~64³ multiply-adds the fork costs more than the work.
+    let par = if m * n * k < 1 << 18 {
+        Par::Seq
+    } else {
+        Par::rayon(rayon::current_num_threads())
+    };
+    let mut y = output(m * n);
+    with_f32(&a, |a| {
+        with_f32(&b, |b| {
+            let a = MatRef::from_row_major_slice(a, ar, ac);
+            let b = MatRef::from_row_major_slice(b, br, bc);
+            let a = if ta { a.transpose() } else { a };
+            let b = if tb { b.transpose() } else { b };
+            let y = MatMut::from_row_major_slice_mut(&mut y, m, n);
+            faer::linalg::matmul::matmul(y, Accum::Replace, a, b, 1.0f32, par);
+        })
+    });
+    tensor(y, Shape::new([m, n]), dtype)
 }
 
 /// `SiLU(gate) ⊙ up` in `gate`'s dtype.

@@ -1,5 +1,6 @@
-//! The language model's element-wise hot spots around the mixers, fused for Flex: the SwiGLU
-//! gate and the per-token cross-entropy (the training loss).
+//! The language model's hot spots around the mixers, for Flex: the dense product of every
+//! projection and of the output head, the SwiGLU gate and the per-token cross-entropy (the
+//! training loss).
 //!
 //! Why they are here: Burn's Flex runs element-wise operations on the calling thread, and under
 //! autodiff `log_softmax` and `silu` decompose into several full-size passes each (max, subtract,
@@ -20,10 +21,49 @@ mod ops;
 pub use ops::LmOps;
 
 use burn::tensor::{Int, Tensor};
-use relation_core::lm::{check_cross_entropy, check_swiglu};
-use relation_core::{naive_cross_entropy, naive_swiglu};
+use relation_core::lm::{check_cross_entropy, check_dense, check_swiglu};
+use relation_core::{WeightLayout, naive_cross_entropy, naive_dense, naive_swiglu};
 
 use crate::{Result, Strategy};
+
+/// The dense product `x W` (or `x Wᵀ`, see [`WeightLayout`]), differentiable in both; the
+/// reference is [`relation_core::naive_dense`].
+///
+/// [`Strategy::Auto`] runs it on Flex as one GEMM on all cores (faer's kernels) that writes its
+/// output once, and the backward as two more GEMMs reading the factors in place (no transposed
+/// copies); elsewhere it is the reference (Burn's matmul). [`Strategy::Fused`] is an error off
+/// Flex.
+///
+/// # Shapes
+/// - `x`: `[N, K]`; `w`: `[K, M]` ([`WeightLayout::InOut`]) or `[M, K]` ([`WeightLayout::OutIn`])
+/// - output: `[N, M]`
+///
+/// # Errors
+/// Empty dimensions, `w` not matching `K`, mismatched devices or dtypes; [`Strategy::Fused`] on
+/// a device other than Flex.
+pub fn dense(
+    x: Tensor<2>,
+    w: Tensor<2>,
+    layout: WeightLayout,
+    strategy: Strategy,
+) -> Result<Tensor<2>> {
+    check_dense(&x, &w, layout)?;
+    if !strategy.use_fused_flex("dense", &x.device())? {
+        return Ok(naive_dense(x, w, layout)?);
+    }
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        Ok(Tensor::from_dispatch(Dispatch::dense(
+            x.into_dispatch(),
+            w.into_dispatch(),
+            false,
+            layout == WeightLayout::OutIn,
+        )))
+    }
+    #[cfg(not(feature = "flex"))]
+    unreachable!("use_fused_flex is false without the flex feature")
+}
 
 /// The SwiGLU gate `SiLU(gate) ⊙ up`, element-wise, differentiable; the reference is
 /// [`relation_core::naive_swiglu`].

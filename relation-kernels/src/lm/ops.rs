@@ -18,6 +18,13 @@ use super::flex;
 #[allow(clippy::type_complexity)]
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
 pub trait LmOps: Backend {
+    /// `op_a(a) · op_b(b)`, where `op` transposes when its flag is set; differentiable in both.
+    ///
+    /// # Shapes
+    /// - `a`: `[M, K]` (`[K, M]` when `ta`), `b`: `[K, N]` (`[N, K]` when `tb`)
+    /// - output: `[M, N]` in `a`'s dtype
+    fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self>;
+
     /// `SiLU(gate) ⊙ up`, differentiable.
     ///
     /// # Shapes
@@ -56,6 +63,10 @@ pub trait LmOps: Backend {
 }
 
 impl LmOps for Flex {
+    fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
+        flex::dense(a, b, ta, tb)
+    }
+
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         flex::swiglu(gate, up)
     }
@@ -90,6 +101,68 @@ impl LmOps for Flex {
 }
 
 impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
+    fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
+        /// Saves nothing new: both factors are checkpointed (they are activations and weights
+        /// that live anyway). With `C = op_a(A) op_b(B)` and upstream `G`:
+        ///
+        /// ```text
+        /// dA = G op_b(B)ᵀ          (ta = false)      dA = op_b(B) Gᵀ      (ta = true)
+        /// dB = op_a(A)ᵀ G          (tb = false)      dB = Gᵀ op_a(A)      (tb = true)
+        /// ```
+        ///
+        /// Each is one more call of the same product with other flags: no transposed copy.
+        #[derive(Debug)]
+        struct DenseBackward;
+
+        impl<B: LmOps> Backward<B, 2> for DenseBackward {
+            type State = (NodeId, NodeId, bool, bool);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
+                let [node_a, node_b] = ops.parents;
+                let g = grads.consume::<B>(&ops.node);
+                let (a_id, b_id, ta, tb) = ops.state;
+                let a: FloatTensor<B> = checkpointer.retrieve_node_output(a_id);
+                let b: FloatTensor<B> = checkpointer.retrieve_node_output(b_id);
+                if let Some(node) = node_a {
+                    let da = if ta {
+                        B::dense(b.clone(), g.clone(), tb, true)
+                    } else {
+                        B::dense(g.clone(), b, false, !tb)
+                    };
+                    grads.register::<B>(node.id, da);
+                }
+                if let Some(node) = node_b {
+                    let db = if tb {
+                        B::dense(g, a, true, ta)
+                    } else {
+                        B::dense(a, g, !ta, false)
+                    };
+                    grads.register::<B>(node.id, db);
+                }
+            }
+        }
+
+        match DenseBackward
+            .prepare::<C>([a.node(), b.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let state = (prep.checkpoint(&a), prep.checkpoint(&b), ta, tb);
+                let y = B::dense(a.into_primitive(), b.into_primitive(), ta, tb);
+                prep.finish(state, y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::dense(a.into_primitive(), b.into_primitive(), ta, tb))
+            }
+        }
+    }
+
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
         /// Saves nothing new: `gate` and `up` are checkpointed (the matmuls that made them keep
         /// them anyway) and the backward recomputes `sigmoid(gate)`.

@@ -58,17 +58,25 @@ pub(crate) fn read_f32(x: &FlexTensor) -> Vec<f32> {
 }
 
 /// Swaps axes 1 and 2 of a row-major `[outer, a, b, d]` array: the result is `[outer, b, a, d]`.
-fn swap_axes_12(src: &[f32], [outer, a, b, d]: [usize; 4]) -> Vec<f32> {
+///
+/// Split over the thread pool by output slab `(o, j)` (`a` rows of `d`): a pure copy, so the
+/// result does not depend on the split. Serial, this copy was ~3 % of a training step on the
+/// calling thread while the other cores waited.
+fn swap_axes_12(src: &[f32], [_outer, a, b, d]: [usize; 4]) -> Vec<f32> {
+    use rayon::prelude::*;
     let mut out = vec![0.0f32; src.len()];
-    for o in 0..outer {
-        for i in 0..a {
-            for j in 0..b {
-                let from = ((o * a + i) * b + j) * d;
-                let to = ((o * b + j) * a + i) * d;
-                out[to..to + d].copy_from_slice(&src[from..from + d]);
-            }
-        }
+    if out.is_empty() {
+        return out;
     }
+    out.par_chunks_mut(a * d) // slab (o, j): [a, d] of the output
+        .enumerate()
+        .for_each(|(slab, rows)| {
+            let (o, j) = (slab / b, slab % b);
+            for (i, row) in rows.chunks_exact_mut(d).enumerate() {
+                let from = ((o * a + i) * b + j) * d;
+                row.copy_from_slice(&src[from..from + d]);
+            }
+        });
     out
 }
 

@@ -62,7 +62,7 @@ impl CausalSelfAttention {
             None,
             options,
         );
-        Ok(dense(&self.wo, merge_heads(y.swap_dims(1, 2))))
+        dense(&self.wo, merge_heads(y.swap_dims(1, 2)))
     }
 
     /// Incremental forward with a K/V cache.
@@ -78,7 +78,7 @@ impl CausalSelfAttention {
         let (q, k, v) = self.qkv.forward(x, offset)?;
         let (k, v) = cache.append_attention(k, v)?; // [B, T, H, D] each
         let (y, _) = causal_rows(q, k, v, None);
-        Ok(dense(&self.wo, merge_heads(y)))
+        dense(&self.wo, merge_heads(y))
     }
 }
 

@@ -99,7 +99,7 @@ impl MultiHeadRelation {
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (p1, p2, info) = self.projection.forward(x, 0)?;
         let y = flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?;
-        Ok(dense(&self.wo, merge_heads(y)))
+        dense(&self.wo, merge_heads(y))
     }
 
     /// Incremental forward with the Relation Cache: appends the new tokens' rotated `P2` and `Ĩ`
@@ -130,6 +130,6 @@ impl MultiHeadRelation {
         } else {
             naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?
         };
-        Ok(dense(&self.wo, merge_heads(y)))
+        dense(&self.wo, merge_heads(y))
     }
 }

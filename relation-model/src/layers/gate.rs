@@ -113,8 +113,11 @@ impl LogDecayGate {
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, H, D]`
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<4> {
-        let pre = split_heads(dense(&self.up, dense(&self.down, x)), self.heads); // [B, T, H, D]
-        kda_log_gates(pre, self.a_log.val(), self.dt_bias.val())
+    ///
+    /// # Errors
+    /// `x` in a dtype other than the gate's weights.
+    pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<4>> {
+        let pre = split_heads(dense(&self.up, dense(&self.down, x)?)?, self.heads); // [B, T, H, D]
+        Ok(kda_log_gates(pre, self.a_log.val(), self.dt_bias.val()))
     }
 }

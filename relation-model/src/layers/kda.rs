@@ -106,9 +106,9 @@ impl KimiDeltaAttention {
         let h = self.heads;
         let q = l2_normalize(rope_heads(&self.wq, x.clone(), h, offset, self.rope_base)?);
         let k = l2_normalize(rope_heads(&self.wk, x.clone(), h, offset, self.rope_base)?);
-        let v = split_heads(dense(&self.wv, x.clone()), h);
-        let beta = activation::sigmoid(dense(&self.wbeta, x.clone())); // [B, n, H]
-        let alpha = self.gate.forward(x.clone()).exp(); // [B, n, H, D]
+        let v = split_heads(dense(&self.wv, x.clone())?, h);
+        let beta = activation::sigmoid(dense(&self.wbeta, x.clone())?); // [B, n, H]
+        let alpha = self.gate.forward(x.clone())?.exp(); // [B, n, H, D]
         let [b, n, _, d] = q.dims();
         let mut state = match cache.take_state()? {
             Some(state) => state,
@@ -130,8 +130,8 @@ impl KimiDeltaAttention {
             len: offset + n,
         };
         let o = Tensor::cat(outputs, 1); // [B, n, H, D]
-        let gate = activation::sigmoid(dense(&self.wg, x));
-        Ok(dense(&self.wo, merge_heads(head_norm(o)) * gate))
+        let gate = activation::sigmoid(dense(&self.wg, x)?);
+        dense(&self.wo, merge_heads(head_norm(o)) * gate)
     }
 
     /// Full-sequence forward (the token loop from an empty state).

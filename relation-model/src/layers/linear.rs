@@ -120,7 +120,7 @@ impl LinearRelation {
         state: Option<Tensor<4>>,
     ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
         let (p1, p2, info) = self.projection.forward(x.clone(), offset)?;
-        let log_alpha = self.gate.forward(x); // [B, n, H, D]
+        let log_alpha = self.gate.forward(x)?; // [B, n, H, D]
         let out = linear_relation(
             p1,
             p2,
@@ -131,7 +131,7 @@ impl LinearRelation {
             self.mode,
             Strategy::Auto,
         )?;
-        Ok((dense(&self.wo, merge_heads(out.y)), out.state))
+        Ok((dense(&self.wo, merge_heads(out.y))?, out.state))
     }
 
     /// Full-sequence forward from a zero state.

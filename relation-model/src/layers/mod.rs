@@ -62,13 +62,16 @@ pub use swiglu::SwiGlu;
 
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor};
+use relation_core::WeightLayout;
+use relation_kernels::Strategy;
 
 /// A bias-free linear layer `d_in -> d_out`.
 pub(crate) fn linear(d_in: usize, d_out: usize, device: &Device) -> Linear {
     LinearConfig::new(d_in, d_out).with_bias(false).init(device)
 }
 
-/// `x W` for `x` `[B, T, d_in]`, computed as one `[B·T, d_in] x [d_in, d_out]` product.
+/// `x W (+ bias)` for `x` `[B, T, d_in]`, computed as one `[B·T, d_in] x [d_in, d_out]`
+/// product by [`relation_kernels::dense`] (faer's GEMM on Flex, Burn's matmul elsewhere).
 ///
 /// Burn's `Linear` on a 3-D input broadcasts the weight over the batch: a batched product
 /// forward and, backward, a `[B, d_in, d_out]` weight gradient summed over `B` afterwards.
@@ -78,11 +81,19 @@ pub(crate) fn linear(d_in: usize, d_out: usize, device: &Device) -> Linear {
 ///
 /// # Shapes
 /// - `x`: `[B, T, d_in]`, output: `[B, T, d_out]`
-pub(crate) fn dense(layer: &Linear, x: Tensor<3>) -> Tensor<3> {
+///
+/// # Errors
+/// `x` whose dtype differs from the layer's (a model cast only in part).
+pub(crate) fn dense(layer: &Linear, x: Tensor<3>) -> crate::Result<Tensor<3>> {
     let [b, t, d_in] = x.dims();
-    let y = layer.forward(x.reshape([b * t, d_in])); // [B·T, d_in] -> [B·T, d_out]
+    let x = x.reshape([b * t, d_in]); // [B, T, d_in] -> [B·T, d_in]
+    let mut y =
+        relation_kernels::dense(x, layer.weight.val(), WeightLayout::InOut, Strategy::Auto)?;
+    if let Some(bias) = &layer.bias {
+        y = y + bias.val().unsqueeze_dim(0); // [B·T, d_out] + [1, d_out]
+    }
     let d_out = y.dims()[1];
-    y.reshape([b, t, d_out]) // [B·T, d_out] -> [B, T, d_out]
+    Ok(y.reshape([b, t, d_out])) // [B·T, d_out] -> [B, T, d_out]
 }
 
 /// `[B, T, H * D]` -> `[B, T, H, D]`.
@@ -113,7 +124,7 @@ pub(crate) fn rope_heads(
     rope_base: f64,
 ) -> crate::Result<Tensor<4>> {
     Ok(relation_core::rope(
-        split_heads(dense(layer, x), heads),
+        split_heads(dense(layer, x)?, heads),
         offset,
         rope_base,
     )?)

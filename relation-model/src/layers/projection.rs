@@ -91,7 +91,7 @@ impl RelationProjection {
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let p1 = rope_heads(&self.w1, x.clone(), self.heads, offset, self.rope_base)?;
         let p2 = rope_heads(&self.w2, x.clone(), self.heads, offset, self.rope_base)?;
-        let info = split_heads(dense(&self.wi, x), self.heads); // [B, T, H, D]
+        let info = split_heads(dense(&self.wi, x)?, self.heads); // [B, T, H, D]
         let info = match &self.angles {
             Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,
             None => info,

@@ -64,6 +64,6 @@ impl QkvProjection {
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let q = rope_heads(&self.wq, x.clone(), self.heads, offset, self.rope_base)?;
         let k = rope_heads(&self.wk, x.clone(), self.heads, offset, self.rope_base)?;
-        Ok((q, k, split_heads(dense(&self.wv, x), self.heads)))
+        Ok((q, k, split_heads(dense(&self.wv, x)?, self.heads)))
     }
 }

@@ -56,7 +56,7 @@ impl RealFormerAttention {
         let (q, k, v) = self.attention.qkv.forward(x, offset)?;
         let (k, v) = cache.append_attention(k, v)?; // [B, T, H, D] each
         let (y, scores) = causal_rows(q, k, v, previous);
-        Ok((dense(&self.attention.wo, merge_heads(y)), scores))
+        Ok((dense(&self.attention.wo, merge_heads(y))?, scores))
     }
 
     /// Full-sequence forward (a fresh, throw-away cache).

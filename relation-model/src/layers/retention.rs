@@ -71,8 +71,8 @@ impl Retention {
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`; `o`: `[B, T, H, D]`; output: `[B, T, d]`
-    fn finish(&self, x: Tensor<3>, o: Tensor<4>) -> Tensor<3> {
-        let gate = activation::silu(dense(&self.wg, x));
+    fn finish(&self, x: Tensor<3>, o: Tensor<4>) -> crate::Result<Tensor<3>> {
+        let gate = activation::silu(dense(&self.wg, x)?);
         dense(&self.wo, merge_heads(head_norm(o)) * gate)
     }
 
@@ -100,7 +100,7 @@ impl Retention {
             .exp()
             .mask_fill(future, 0.0); // gamma^{t-j}
         let o = (scores * decay).matmul(v.swap_dims(1, 2)).swap_dims(1, 2); // [B, T, H, D]
-        Ok(self.finish(x, o))
+        self.finish(x, o)
     }
 
     /// Recurrent form from the cached state `[B, H, D, D]`.
@@ -130,6 +130,6 @@ impl Retention {
             state,
             len: offset + n,
         };
-        Ok(self.finish(x, Tensor::cat(outputs, 1)))
+        self.finish(x, Tensor::cat(outputs, 1))
     }
 }

@@ -34,8 +34,8 @@ impl SwiGlu {
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
-        let gate = dense(&self.gate, x.clone()); // [B, T, d_ff]
-        let up = dense(&self.up, x); // [B, T, d_ff]
-        Ok(dense(&self.down, swiglu(gate, up, Strategy::Auto)?))
+        let gate = dense(&self.gate, x.clone())?; // [B, T, d_ff]
+        let up = dense(&self.up, x)?; // [B, T, d_ff]
+        dense(&self.down, swiglu(gate, up, Strategy::Auto)?)
     }
 }
