@@ -17,7 +17,7 @@ use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{
     DEFAULT_LAMBDA, DEFAULT_TAU, ROPE_BASE, givens_mix, naive_factorized_relation,
-    naive_parallel_relation, rope,
+    naive_parallel_relation, naive_rope,
 };
 
 const BATCH: usize = 4;
@@ -53,12 +53,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let split = |t: Tensor<3>| t.reshape([BATCH, seq, HEADS, HEAD_DIM]); // [B, T, d] -> [B, T, H, D]
 
     let start = Instant::now();
-    let p1 = rope(
+    let p1 = naive_rope(
         split(x.clone().matmul(w1.clone().unsqueeze())),
         0,
         ROPE_BASE,
     )?;
-    let p2 = rope(
+    let p2 = naive_rope(
         split(x.clone().matmul(w2.clone().unsqueeze())),
         0,
         ROPE_BASE,

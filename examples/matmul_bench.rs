@@ -1,6 +1,8 @@
 //! The matmul roofline of a device: GFLOP/s of the products a language-model training step is
 //! made of (token-parallel projections, their two gradients, the tied LM head), so the trainer's
-//! tokens/s can be read against what the backend's GEMM delivers on the same machine.
+//! tokens/s can be read against what the backend's GEMM delivers on the same machine. Beside
+//! Burn's `matmul`, the same products through [`relation_kernels::dense`], which the model uses
+//! (faer's GEMM on Flex, Burn's matmul elsewhere).
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example matmul_bench [-- --device flex]
@@ -8,7 +10,9 @@
 
 use burn::tensor::Tensor;
 use clap::Parser;
+use relation_core::WeightLayout;
 use relation_examples::{BenchArgs, time_on};
+use relation_kernels::{Strategy, dense};
 
 /// GFLOP/s of `[M, K] @ [K, N]` for the shapes of one training step of the 3.7M model
 /// (B x T = 4096 tokens, d = 256, d_ff = 512, vocabulary 4096) and a square 1024 reference.
@@ -40,8 +44,8 @@ fn main() {
         ("g^T @ x (head grad)", 4096, n, d, true),
     ];
     println!("Matmul on {device:?}, f32, mean of {iters} iterations\n");
-    println!("| product | M x K x N | ms | GFLOP/s |");
-    println!("|---|---|---|---|");
+    println!("| product | M x K x N | matmul ms | GFLOP/s | `dense` ms | GFLOP/s |");
+    println!("|---|---|---|---|---|---|");
     for (what, m, k, cols, transposed) in shapes {
         let a = if transposed {
             Tensor::<2>::random([k, m], burn::tensor::Distribution::Default, &device).transpose()
@@ -53,8 +57,29 @@ fn main() {
             let _ = a.clone().matmul(b.clone());
         });
         let flops = 2.0 * (m * k * cols) as f64;
+        // `dense` takes `x` as stored; a transposed `x` is how the backward reads it (the
+        // kernel takes the transpose flag there), which this Tensor-level call cannot say
+        // without a copy: those rows are measured by the trainer's backward instead.
+        let fused = if transposed {
+            "— | —".to_string()
+        } else {
+            // Stored [N, K] like the tied head (its own values: only the time matters).
+            let w_t = Tensor::<2>::random([cols, k], burn::tensor::Distribution::Default, &device);
+            let t = time_on(&device, iters, &mut || {
+                let _ = if what.contains("E^T") {
+                    dense(a.clone(), w_t.clone(), WeightLayout::OutIn, Strategy::Auto)
+                } else {
+                    dense(a.clone(), b.clone(), WeightLayout::InOut, Strategy::Auto)
+                };
+            });
+            format!(
+                "{:.2} | {:.1}",
+                t.as_secs_f64() * 1e3,
+                flops / t.as_secs_f64() / 1e9
+            )
+        };
         println!(
-            "| {what} | {m} x {k} x {cols} | {:.2} | {:.1} |",
+            "| {what} | {m} x {k} x {cols} | {:.2} | {:.1} | {fused} |",
             time.as_secs_f64() * 1e3,
             flops / time.as_secs_f64() / 1e9
         );

@@ -110,6 +110,12 @@ pub enum RelationError {
         /// Dtype of the argument.
         got: String,
     },
+    /// A normalisation epsilon that is negative or not finite.
+    #[error("epsilon must be finite and >= 0, got {eps}")]
+    InvalidEpsilon {
+        /// The epsilon that was passed.
+        eps: f64,
+    },
     /// A target token id is outside the vocabulary of the logits.
     #[error("target {index} is token id {value}, outside the vocabulary 0..{vocab}")]
     TargetOutOfRange {

@@ -26,12 +26,12 @@ pub use linear::{
     LinearRelationOutput, kda_log_gates, l2_normalize, naive_chunk_linear_relation,
     naive_recurrent_linear_relation,
 };
-pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_swiglu};
+pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_swiglu};
 pub use relation::{
     FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
     naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,
 };
-pub use rope::{ROPE_BASE, rope};
+pub use rope::{ROPE_BASE, naive_rope};
 
 /// `tau_S` of the paper: the Self evidence is divided by 2 (fixed, not learned).
 pub const DEFAULT_TAU: f64 = 2.0;

@@ -1,10 +1,10 @@
 //! The language-model pieces around the mixers that have fused CPU kernels: the dense (fully
-//! connected) product, the SwiGLU gate and the per-token cross-entropy. Written with tensor
+//! connected) product, RMS normalisation, the SwiGLU gate and the per-token cross-entropy. Written with tensor
 //! operations (any device, differentiable by Burn); `relation-kernels` gives each a
 //! multi-threaded Flex kernel.
 
 use burn::tensor::activation::{log_softmax, silu};
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 
 use crate::error::{RelationError, Result};
 
@@ -21,6 +21,58 @@ use crate::error::{RelationError, Result};
 pub fn naive_swiglu<const N: usize>(gate: Tensor<N>, up: Tensor<N>) -> Result<Tensor<N>> {
     check_swiglu(&gate, &up)?;
     Ok(silu(gate) * up)
+}
+
+/// RMS normalisation over the last dimension, `y = x / sqrt(mean(x²) + eps) ⊙ γ`, computed as
+/// Burn's `RmsNorm` computes it (the mean of squares in f32): the model's pre-norms.
+///
+/// Gradients (what a fused backward must produce), per row with `r = 1 / sqrt(mean(x²) + eps)`,
+/// `x̂ = x r` and `g = dy ⊙ γ`: `dx = r (g - x̂ mean(g ⊙ x̂))`, `dγ = Σ_rows dy ⊙ x̂`.
+///
+/// # Shapes
+/// - `x`: `[.., d]`; `gamma`: `[d]`; output: the shape of `x`
+///
+/// # Errors
+/// [`RelationError::EmptyDimension`], [`RelationError::ShapeMismatch`] when `gamma` is not
+/// `[d]`, [`RelationError::InvalidEpsilon`], [`RelationError::DeviceMismatch`],
+/// [`RelationError::DTypeMismatch`].
+pub fn naive_rms_norm<const N: usize>(
+    x: Tensor<N>,
+    gamma: Tensor<1>,
+    eps: f64,
+) -> Result<Tensor<N>> {
+    check_rms_norm(&x, &gamma, eps)?;
+    let dtype = x.dtype();
+    let rms = (x.clone().cast(DType::F32).square().mean_dim(N - 1) + eps).sqrt(); // [.., 1]
+    Ok((x / rms.cast(dtype)) * gamma.unsqueeze())
+}
+
+/// Checks the inputs of [`naive_rms_norm`] (shared with the fused entry point).
+///
+/// # Errors
+/// As [`naive_rms_norm`].
+pub fn check_rms_norm<const N: usize>(x: &Tensor<N>, gamma: &Tensor<1>, eps: f64) -> Result<()> {
+    let dims = x.dims();
+    if let Some(dim) = dims.iter().position(|&n| n == 0) {
+        return Err(RelationError::EmptyDimension {
+            name: "x",
+            dim: if dim + 1 == N { 'd' } else { 'N' },
+            shape: dims.to_vec(),
+        });
+    }
+    let d = dims[N - 1];
+    if gamma.dims() != [d] {
+        return Err(RelationError::ShapeMismatch {
+            name: "gamma",
+            expected: format!("[d] = [{d}] (the last dimension of `x`)"),
+            got: gamma.dims().to_vec(),
+        });
+    }
+    if !(eps.is_finite() && eps >= 0.0) {
+        return Err(RelationError::InvalidEpsilon { eps });
+    }
+    crate::check::same_device_as("gamma", gamma, "x", x)?;
+    crate::check::same_dtype("gamma", gamma, "x", x)
 }
 
 /// How a dense layer stores its weight `W`.

@@ -27,15 +27,9 @@ pub const ROPE_BASE: f64 = 1e4;
 ///
 /// # Errors
 /// Odd `D`, a base that is not finite and > 1, empty dimensions.
-pub fn rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
-    let dims = check::bthd("x", &x)?;
-    let [_, t, _, d] = dims.dims();
-    if d % 2 == 1 {
-        return Err(RelationError::OddHeadDim { head_dim: d });
-    }
-    if !(base.is_finite() && base > 1.0) {
-        return Err(RelationError::InvalidRopeBase { base });
-    }
+pub fn naive_rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
+    check_rope(&x, base)?;
+    let [_, t, _, d] = x.dims();
     let half = d / 2;
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
@@ -54,4 +48,20 @@ pub fn rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
     let rotated_low = low.clone() * cos.clone() - high.clone() * sin.clone();
     let rotated_high = high * cos + low * sin;
     Ok(Tensor::cat(vec![rotated_low, rotated_high], 3))
+}
+
+/// Checks the inputs of [`naive_rope`] (shared with the fused entry point).
+///
+/// # Errors
+/// As [`naive_rope`].
+pub fn check_rope(x: &Tensor<4>, base: f64) -> Result<()> {
+    let dims = check::bthd("x", x)?;
+    let [_, _, _, d] = dims.dims();
+    if d % 2 == 1 {
+        return Err(RelationError::OddHeadDim { head_dim: d });
+    }
+    if !(base.is_finite() && base > 1.0) {
+        return Err(RelationError::InvalidRopeBase { base });
+    }
+    Ok(())
 }

@@ -4,7 +4,7 @@ use burn::tensor::{DType, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{
     DEFAULT_TAU, RelationError, givens_mix, naive_chunk_linear_relation, naive_factorized_relation,
-    naive_parallel_relation, naive_recurrent_linear_relation, rope,
+    naive_parallel_relation, naive_recurrent_linear_relation, naive_rope,
 };
 
 use crate::common::{cpu, relation_inputs};
@@ -176,9 +176,9 @@ fn givens_and_rope_limits() {
             got: 3
         }
     );
-    let err = rope(t4([1, 3, 2, 7]), 0, 1e4).unwrap_err();
+    let err = naive_rope(t4([1, 3, 2, 7]), 0, 1e4).unwrap_err();
     assert_eq!(err, RelationError::OddHeadDim { head_dim: 7 });
-    let err = rope(t4([1, 3, 2, 8]), 0, 0.5).unwrap_err();
+    let err = naive_rope(t4([1, 3, 2, 8]), 0, 0.5).unwrap_err();
     assert!(
         matches!(err, RelationError::InvalidRopeBase { .. }),
         "{err}"

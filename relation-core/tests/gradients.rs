@@ -8,7 +8,7 @@ use relation_core::testing::{Check, SplitMix64, tolerance, uniform};
 use relation_core::{
     DEFAULT_TAU, givens_mix, naive_chunk_linear_relation, naive_cross_entropy,
     naive_factorized_relation, naive_parallel_relation, naive_recurrent_linear_relation,
-    naive_swiglu, rope,
+    naive_rope, naive_swiglu,
 };
 
 use crate::common::cpu;
@@ -134,8 +134,8 @@ fn relation_with_givens_and_rope_gradients() {
     inputs.push(input("angles", 1, 5, 1.0, 0.0));
     check_gradients("relation(rope(p1), rope(p2), givens(I))", &inputs, |x| {
         naive_factorized_relation(
-            rope(x[0].clone().reshape(DIMS), 3, 1e4).unwrap(),
-            rope(x[1].clone().reshape(DIMS), 3, 1e4).unwrap(),
+            naive_rope(x[0].clone().reshape(DIMS), 3, 1e4).unwrap(),
+            naive_rope(x[1].clone().reshape(DIMS), 3, 1e4).unwrap(),
             givens_mix(x[2].clone().reshape(DIMS), x[4].clone(), 1).unwrap(),
             x[3].clone(),
             DEFAULT_TAU,

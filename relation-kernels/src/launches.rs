@@ -15,6 +15,8 @@ pub(crate) static CHUNK_LINEAR_RELATION_BWD: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static SWIGLU: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static CROSS_ENTROPY: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static DENSE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ROPE: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static RMS_NORM: AtomicUsize = AtomicUsize::new(0);
 
 /// Launches of the fused SwiGLU kernels (forward and backward).
 pub fn swiglu() -> usize {
@@ -29,6 +31,16 @@ pub fn cross_entropy() -> usize {
 /// Launches of the Flex dense product (forward and each backward product).
 pub fn dense() -> usize {
     DENSE.load(Ordering::SeqCst)
+}
+
+/// Launches of the Flex RoPE kernel (forward and backward).
+pub fn rope() -> usize {
+    ROPE.load(Ordering::SeqCst)
+}
+
+/// Launches of the Flex RMSNorm kernels (forward and backward).
+pub fn rms_norm() -> usize {
+    RMS_NORM.load(Ordering::SeqCst)
 }
 
 /// Launches of the `self_relation` kernel.

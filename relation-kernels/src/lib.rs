@@ -9,6 +9,8 @@
 //! | [`fused_recurrent_linear_relation`], [`linear_relation_step`] (decoding), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `linear_relation/cube_recurrent.rs` | `linear_relation/flex.rs` (state in cache, checkpointed scan, all cores) |
 //! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `linear_relation/cube_chunk.rs` (GLA-style chunked) | `linear_relation/flex.rs` (chunk-checkpointed scan) |
 //! | [`linear_relation`]: one of the two above by [`LinearRelationMode`] (what the model calls) | | | |
+//! | [`rope`] (positions of `P1`, `P2`, queries and keys), forward and backward | `naive_rope` | none: Burn's fusion compiles the reference | `lm/flex.rs` (one pass, all cores; backward = inverse rotation) |
+//! | [`rms_norm`] (the pre-norms and the final norm), forward and backward | `naive_rms_norm` | none: Burn's fusion compiles the reference | `lm/flex.rs` (one pass each, all cores, fixed-order `dγ`) |
 //! | [`dense`] (every projection and the output head), forward and backward | `naive_dense` | none: Burn's matmul | `lm/flex.rs` (faer GEMM, all cores, no transposed copies) |
 //! | [`swiglu`], [`cross_entropy`] (the model's element-wise hot spots), forward and backward | `naive_swiglu` / `naive_cross_entropy` | none: Burn's fusion compiles the reference | `lm/flex.rs` (one pass each, all cores) |
 //!
@@ -39,7 +41,7 @@ pub use linear_relation::{
 };
 #[cfg(feature = "flex")]
 pub use lm::LmOps;
-pub use lm::{cross_entropy, dense, swiglu};
+pub use lm::{cross_entropy, dense, rms_norm, rope, swiglu};
 pub use ops::RelationOps;
 pub use self_relation::self_relation;
 pub use strategy::{Strategy, has_kernels, is_cube, is_flex};

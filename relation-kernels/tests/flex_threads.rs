@@ -69,8 +69,8 @@ fn linear_run() -> Vec<TensorData> {
     data
 }
 
-/// Outputs and gradients of the language-model ops (dense product, SwiGLU gate, cross-entropy),
-/// as data.
+/// Outputs and gradients of the language-model ops (dense product, RMSNorm, RoPE, SwiGLU gate,
+/// cross-entropy), as data.
 fn lm_run() -> Vec<TensorData> {
     let device = Device::flex().autodiff();
     let gate = uniform([3, 700, 96], 1, 3.0, &device, DType::F32).require_grad();
@@ -89,7 +89,18 @@ fn lm_run() -> Vec<TensorData> {
     let ids: Vec<i64> = (0..300).map(|i| (i * 37 % 777) as i64).collect();
     let targets = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(ids, [300]), &device);
     let nll = relation_kernels::cross_entropy(logits.clone(), targets, Strategy::Fused).unwrap();
-    let grads = ((y.clone() * y.clone()).sum() + nll.clone().sum()).backward();
+    let h = uniform([3, 300, 96], 7, 2.0, &device, DType::F32).require_grad();
+    let gamma = uniform([96], 8, 1.0, &device, DType::F32).require_grad();
+    // 900 rows: several fixed row blocks, whose dγ partials must add up the same way.
+    let normed =
+        relation_kernels::rms_norm(h.clone(), gamma.clone(), 1e-6, Strategy::Fused).unwrap();
+    let p = uniform([2, 300, 8, 48], 6, 2.0, &device, DType::F32).require_grad();
+    let rotated = relation_kernels::rope(p.clone(), 7, 1e4, Strategy::Fused).unwrap();
+    let grads = ((y.clone() * y.clone()).sum()
+        + nll.clone().sum()
+        + (rotated.clone() * rotated.clone()).sum()
+        + (normed.clone() * normed.clone()).sum())
+    .backward();
     vec![
         y.into_data(),
         nll.into_data(),
@@ -97,6 +108,11 @@ fn lm_run() -> Vec<TensorData> {
         up.grad(&grads).unwrap().into_data(),
         x.grad(&grads).unwrap().into_data(),
         w.grad(&grads).unwrap().into_data(),
+        rotated.into_data(),
+        normed.into_data(),
+        h.grad(&grads).unwrap().into_data(),
+        gamma.grad(&grads).unwrap().into_data(),
+        p.grad(&grads).unwrap().into_data(),
     ]
 }
 
@@ -105,7 +121,7 @@ fn flex_kernels_are_bitwise_equal_on_one_and_many_threads() {
     for (name, run) in [
         ("flash_relation", flash_run as fn() -> Vec<TensorData>),
         ("chunk_linear_relation", linear_run),
-        ("dense + swiglu + cross_entropy", lm_run),
+        ("dense + rms_norm + rope + swiglu + cross_entropy", lm_run),
     ] {
         let one = on_threads(1, run);
         for threads in [2, 3] {

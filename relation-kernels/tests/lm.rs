@@ -1,12 +1,16 @@
-//! The language-model ops (`dense`, `swiglu`, `cross_entropy`): Flex's kernels against the
+//! The language-model ops (`dense`, `rms_norm`, `rope`, `swiglu`, `cross_entropy`): Flex's kernels against the
 //! `relation-core` references — forward and every gradient, awkward shapes, f32 and f16, NaN-poisoned
 //! outputs, huge logits — and the reference path everywhere else.
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::RelationError;
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
-use relation_core::{WeightLayout, naive_cross_entropy, naive_dense, naive_swiglu};
-use relation_kernels::{KernelError, Strategy, cross_entropy, debug, dense, launches, swiglu};
+use relation_core::{
+    WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
+};
+use relation_kernels::{
+    KernelError, Strategy, cross_entropy, debug, dense, launches, rms_norm, rope, swiglu,
+};
 
 use crate::common::{flex, to_flex};
 
@@ -182,6 +186,152 @@ fn dense_of_known_matrices() {
     assert_eq!(yt, want);
 }
 
+/// RMSNorm forward and both gradients, on Flex in `dtype` vs the f32 reference (Burn's formula).
+fn check_rms_norm<const N: usize>(dims: [usize; N], dtype: DType, scale: f64) {
+    debug::poison_outputs(true);
+    let what = format!("rms_norm {dims:?} {dtype:?} scale {scale}");
+    let d = dims[N - 1];
+    let (x, g, r) = (
+        data(dims, 51, scale, dtype),
+        data([d], 52, 1.5, dtype),
+        data(dims, 53, 1.0, dtype),
+    );
+    let device = flex().autodiff();
+    let before = launches::rms_norm();
+    let (xt, gt) = (
+        on::<N>(&x, &device, dtype, true),
+        on::<1>(&g, &device, dtype, true),
+    );
+    let y = rms_norm(xt.clone(), gt.clone(), 1e-6, Strategy::Fused).unwrap();
+    let grads = (y.clone() * on::<N>(&r, &device, dtype, false))
+        .sum()
+        .backward();
+    assert_eq!(
+        launches::rms_norm(),
+        before + 2,
+        "{what}: the fused kernels did not run"
+    );
+    let reference = flex().autodiff();
+    let (rx, rg) = (
+        on::<N>(&x, &reference, DType::F32, true),
+        on::<1>(&g, &reference, DType::F32, true),
+    );
+    let ry = naive_rms_norm(rx.clone(), rg.clone(), 1e-6).unwrap();
+    let rgrads = (ry.clone() * on::<N>(&r, &reference, DType::F32, false))
+        .sum()
+        .backward();
+    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+    assert_close(
+        &format!("y {what}"),
+        &to_flex(y.detach()),
+        &ry.detach(),
+        tolerance(dtype, Check::Forward),
+    );
+    let grad = tolerance(dtype, Check::Gradient);
+    assert_close(
+        &format!("d x {what}"),
+        &to_flex(xt.grad(&grads).expect("d x")),
+        &rx.grad(&rgrads).expect("d x"),
+        grad,
+    );
+    assert_close(
+        &format!("d gamma {what}"),
+        &to_flex(gt.grad(&grads).expect("d gamma")),
+        &rg.grad(&rgrads).expect("d gamma"),
+        grad,
+    );
+}
+
+#[test]
+fn rms_norm_fused_matches_the_reference() {
+    check_rms_norm([1, 1], DType::F32, 1.0);
+    check_rms_norm([1, 63, 48], DType::F32, 2.0);
+    check_rms_norm([2, 1000, 60], DType::F32, 1.0); // many row blocks: dγ summed across them
+    check_rms_norm([3, 257, 80], DType::F32, 1e3); // |x| up to 1e3: no overflow in x²
+    check_rms_norm([5, 7, 3], DType::F32, 1e-3); // rows near eps
+    check_rms_norm([2, 63, 64], DType::F16, 2.0);
+    check_rms_norm([70, 128], DType::BF16, 2.0);
+}
+
+/// RoPE forward and its gradient, on Flex in `dtype` vs the f32 reference.
+fn check_rope(dims: [usize; 4], offset: usize, dtype: DType) {
+    debug::poison_outputs(true);
+    let what = format!("rope {dims:?} offset {offset} {dtype:?}");
+    let (x, r) = (data(dims, 31, 3.0, dtype), data(dims, 32, 1.0, dtype));
+    let device = flex().autodiff();
+    let before = launches::rope();
+    let xt = on::<4>(&x, &device, dtype, true);
+    let y = rope(xt.clone(), offset, 1e4, Strategy::Fused).unwrap();
+    let grads = (y.clone() * on::<4>(&r, &device, dtype, false))
+        .sum()
+        .backward();
+    assert_eq!(
+        launches::rope(),
+        before + 2,
+        "{what}: the fused kernels did not run"
+    );
+    let reference = flex().autodiff();
+    let rx = on::<4>(&x, &reference, DType::F32, true);
+    let ry = naive_rope(rx.clone(), offset, 1e4).unwrap();
+    let rgrads = (ry.clone() * on::<4>(&r, &reference, DType::F32, false))
+        .sum()
+        .backward();
+    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+    assert_close(
+        &format!("y {what}"),
+        &to_flex(y.detach()),
+        &ry.detach(),
+        tolerance(dtype, Check::Forward),
+    );
+    assert_close(
+        &format!("d x {what}"),
+        &to_flex(xt.grad(&grads).expect("d x")),
+        &rx.grad(&rgrads).expect("d x"),
+        tolerance(dtype, Check::Gradient),
+    );
+}
+
+#[test]
+fn rope_fused_matches_the_reference() {
+    check_rope([1, 1, 1, 2], 0, DType::F32);
+    check_rope([2, 63, 3, 48], 0, DType::F32);
+    check_rope([1, 1000, 2, 60], 0, DType::F32);
+    check_rope([3, 257, 1, 80], 17, DType::F32); // decoding on from a cache
+    check_rope([1, 1, 8, 128], 4095, DType::F32); // one token, far position
+    check_rope([2, 63, 2, 64], 5, DType::F16);
+    check_rope([1, 70, 3, 48], 0, DType::BF16);
+}
+
+#[test]
+fn rope_forward_is_the_reference_bit_for_bit_and_its_inverse_undoes_it() {
+    // Same angle table, same products in the same order: f32 equal bits, not just close.
+    let device = flex();
+    let x = uniform([2, 33, 3, 48], 41, 2.0, &device, DType::F32);
+    let fused = rope(x.clone(), 9, 1e4, Strategy::Fused).unwrap();
+    let reference = naive_rope(x.clone(), 9, 1e4).unwrap();
+    assert_eq!(fused.to_data(), reference.to_data());
+    // The backward's rotation by -φ applied to the output gives the input back.
+    let dx = rope_grad_of(fused.clone(), 9);
+    assert_close(
+        "inverse(rope(x))",
+        &dx,
+        &x,
+        tolerance(DType::F32, Check::Forward),
+    );
+}
+
+/// `x` rotated back by RoPE's inverse: the gradient of `sum(rope(z) · y)` with respect to `z`
+/// is `rope⁻¹(y)`.
+fn rope_grad_of(y: Tensor<4>, offset: usize) -> Tensor<4> {
+    let device = flex().autodiff();
+    let z = Tensor::<4>::zeros(y.dims(), &device).require_grad();
+    let out = rope(z.clone(), offset, 1e4, Strategy::Fused).unwrap();
+    let grads = (out * Tensor::<4>::from_data(y.into_data(), &device))
+        .sum()
+        .backward();
+    to_flex(z.grad(&grads).expect("d z"))
+}
+
 /// Token ids in `0..vocab` from a seed, with the first at 0 and the last at `vocab - 1`.
 fn targets(n: usize, vocab: usize, seed: u64) -> Vec<i64> {
     let mut rng = relation_core::testing::SplitMix64::new(seed);
@@ -328,6 +478,31 @@ fn lm_ops_refuse_bad_inputs() {
         )
         .unwrap_err();
         assert!(err.to_string().contains("F16"), "{err}");
+        let gamma = uniform([5], 1, 1.0, &device, DType::F32);
+        assert!(matches!(
+            rms_norm(x.clone(), gamma, 1e-6, strategy),
+            Err(KernelError::Invalid(RelationError::ShapeMismatch {
+                name: "gamma",
+                ..
+            }))
+        ));
+        let gamma = uniform([6], 1, 1.0, &device, DType::F32);
+        assert!(matches!(
+            rms_norm(x.clone(), gamma, -1.0, strategy),
+            Err(KernelError::Invalid(RelationError::InvalidEpsilon { .. }))
+        ));
+        let odd = uniform([1, 4, 2, 7], 1, 1.0, &device, DType::F32);
+        assert!(matches!(
+            rope(odd, 0, 1e4, strategy),
+            Err(KernelError::Invalid(RelationError::OddHeadDim {
+                head_dim: 7
+            }))
+        ));
+        let even = uniform([1, 4, 2, 8], 1, 1.0, &device, DType::F32);
+        assert!(matches!(
+            rope(even, 0, 0.5, strategy),
+            Err(KernelError::Invalid(RelationError::InvalidRopeBase { .. }))
+        ));
         let err = swiglu(
             uniform([2, 3], 1, 1.0, &device, DType::F32),
             uniform([3, 2], 1, 1.0, &device, DType::F32),
@@ -376,6 +551,22 @@ fn lm_ops_use_the_reference_on(device: Device) {
     );
     let g = uniform([4, 8], 1, 1.0, &device, DType::F32);
     assert!(swiglu(g.clone(), g.clone(), Strategy::Fused).is_err());
+    let x = uniform([1, 5, 2, 8], 3, 1.0, &device, DType::F32);
+    let gamma = uniform([8], 4, 1.0, &device, DType::F32);
+    assert!(rms_norm(x.clone(), gamma.clone(), 1e-6, Strategy::Fused).is_err());
+    assert_close(
+        &format!("rms_norm on {device:?}"),
+        &to_flex(rms_norm(x.clone(), gamma.clone(), 1e-6, Strategy::Auto).unwrap()),
+        &to_flex(naive_rms_norm(x.clone(), gamma, 1e-6).unwrap()),
+        tolerance(DType::F32, Check::Forward),
+    );
+    assert!(rope(x.clone(), 3, 1e4, Strategy::Fused).is_err());
+    assert_close(
+        &format!("rope on {device:?}"),
+        &to_flex(rope(x.clone(), 3, 1e4, Strategy::Auto).unwrap()),
+        &to_flex(naive_rope(x, 3, 1e4).unwrap()),
+        tolerance(DType::F32, Check::Forward),
+    );
     let w = uniform([8, 3], 2, 1.0, &device, DType::F32);
     assert!(dense(g.clone(), w.clone(), WeightLayout::InOut, Strategy::Fused).is_err());
     let got = dense(g.clone(), w.clone(), WeightLayout::InOut, Strategy::Auto).unwrap();

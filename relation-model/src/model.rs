@@ -71,6 +71,20 @@ impl Mixer {
     }
 }
 
+/// `norm(x)` through [`relation_kernels::rms_norm`] (one fused pass on Flex, Burn's formula
+/// elsewhere) with the module's own `γ` and epsilon.
+///
+/// # Shapes
+/// - `x`, output: `[B, T, d]`
+fn norm(norm: &RmsNorm, x: Tensor<3>) -> Result<Tensor<3>> {
+    Ok(relation_kernels::rms_norm(
+        x,
+        norm.gamma.val(),
+        norm.epsilon,
+        Strategy::Auto,
+    )?)
+}
+
 /// One pre-norm block: `x + mixer(norm(x))`, then `x + ffn(norm(x))`.
 #[derive(Module, Debug)]
 pub struct Block {
@@ -234,7 +248,7 @@ impl RelationLm {
         // One [B·T, d] x [d, V] product reading the tied embedding in place (`x Eᵀ`): its
         // weight gradient is a single GEMM over all tokens rather than B products summed
         // afterwards (see `layers::dense`).
-        let h = self.norm.forward(h).reshape([b * t, d]); // [B, T, d] -> [B·T, d]
+        let h = norm(&self.norm, h)?.reshape([b * t, d]); // [B, T, d] -> [B·T, d]
         let logits = relation_kernels::dense(h, e, WeightLayout::OutIn, Strategy::Auto)?; // [B·T, V]
         let v = logits.dims()[1];
         Ok(logits.reshape([b, t, v])) // [B·T, V] -> [B, T, V]
@@ -254,8 +268,8 @@ impl RelationLm {
             h = h.clone()
                 + block
                     .mixer
-                    .forward(block.norm_mixer.forward(h), None, &mut scores)?;
-            h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h))?;
+                    .forward(norm(&block.norm_mixer, h)?, None, &mut scores)?;
+            h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
         }
         self.logits(h)
     }
@@ -281,11 +295,11 @@ impl RelationLm {
         let mut h = self.embedding.forward(tokens);
         let mut scores = None;
         for (block, layer_cache) in self.blocks.iter().zip(cache.layers.iter_mut()) {
-            let normed = block.norm_mixer.forward(h.clone());
+            let normed = norm(&block.norm_mixer, h.clone())?;
             h = h + block
                 .mixer
                 .forward(normed, Some(layer_cache), &mut scores)?;
-            h = h.clone() + block.ffn.forward(block.norm_ffn.forward(h))?;
+            h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
         }
         self.logits(h)
     }

@@ -16,7 +16,7 @@ use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
 use crate::launches;
-use crate::tile::flex::{Vectorized, exp, max_of, output, tensor, vectorized, with_f32};
+use crate::tile::flex::{Vectorized, dims4, exp, max_of, output, tensor, vectorized, with_f32};
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
 const ELEMS_PER_TASK: usize = 16 * 1024;
@@ -97,6 +97,331 @@ pub(crate) fn dense(a: FlexTensor, b: FlexTensor, ta: bool, tb: bool) -> FlexTen
         })
     });
     tensor(y, Shape::new([m, n]), dtype)
+}
+
+/// Tokens per parallel task of RoPE (`[H, D]` each): ~64 KiB of f32 at `H·D` = 256.
+const ROPE_TOKENS_PER_TASK: usize = 64;
+
+/// RoPE of `x` `[B, T, H, D]` (the first token at position `offset`) in `x`'s dtype, or its
+/// inverse (rotation by `-φ`: the backward, since a rotation's transpose is its inverse).
+///
+/// The angle table is computed once per call in f64 and rounded to f32, exactly as the
+/// reference uploads it, and each element is the reference's `lo cos - hi sin` /
+/// `hi cos + lo sin` in the same order, so f32 results equal the reference's bit for bit.
+/// One pass over `x` on the thread pool instead of the reference's eight (two strided halves,
+/// four products, two sums, one concatenation) on the calling thread.
+pub(crate) fn rope(x: FlexTensor, offset: usize, base: f64, inverse: bool) -> FlexTensor {
+    launches::record(&launches::ROPE);
+    let [b, t, h, d] = dims4(&x);
+    let dtype = x.dtype();
+    let shape = x.layout().shape().clone();
+    let half = d / 2;
+    // cos φ and sin φ of every (position, pair), [T, D/2] each.
+    let mut cos = Vec::with_capacity(t * half);
+    let mut sin = Vec::with_capacity(t * half);
+    for pos in offset..offset + t {
+        for k in 0..half {
+            let phase = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
+            cos.push(phase.cos() as f32);
+            sin.push(phase.sin() as f32);
+        }
+    }
+    let token = h * d;
+    let mut y = output(b * t * token);
+    if y.is_empty() {
+        return tensor(y, shape, dtype);
+    }
+    with_f32(&x, |x| {
+        y.par_chunks_mut(ROPE_TOKENS_PER_TASK * token)
+            .zip(x.par_chunks(ROPE_TOKENS_PER_TASK * token))
+            .enumerate()
+            .for_each(|(task, (y, x))| {
+                vectorized(RopeTokens {
+                    y,
+                    x,
+                    first: task * ROPE_TOKENS_PER_TASK,
+                    t,
+                    h,
+                    d,
+                    cos: &cos,
+                    sin: &sin,
+                    inverse,
+                })
+            });
+    });
+    tensor(y, shape, dtype)
+}
+
+/// A run of whole tokens of RoPE: `x`, `y` hold tokens `first..` (flattened over `B·T`), each
+/// `[H, D]`; `cos`, `sin` are `[T, D/2]`.
+struct RopeTokens<'a> {
+    y: &'a mut [f32],
+    x: &'a [f32],
+    first: usize,
+    t: usize,
+    h: usize,
+    d: usize,
+    cos: &'a [f32],
+    sin: &'a [f32],
+    inverse: bool,
+}
+
+impl Vectorized for RopeTokens<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) -> Self::Output {
+        let Self {
+            y,
+            x,
+            first,
+            t,
+            h,
+            d,
+            cos,
+            sin,
+            inverse,
+        } = self;
+        let half = d / 2;
+        // Row r of the run is head r % H of token first + r / H, at position (that token) % T.
+        for (r, (y, x)) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)).enumerate() {
+            let at = ((first + r / h) % t) * half;
+            let (c, s) = (&cos[at..at + half], &sin[at..at + half]);
+            let (y_lo, y_hi) = y.split_at_mut(half);
+            let (x_lo, x_hi) = x.split_at(half);
+            let pairs = y_lo
+                .iter_mut()
+                .zip(y_hi)
+                .zip(x_lo.iter().zip(x_hi))
+                .zip(c.iter().zip(s));
+            if inverse {
+                // Rotation by -φ.
+                for (((y_lo, y_hi), (&lo, &hi)), (&c, &s)) in pairs {
+                    *y_lo = lo * c + hi * s;
+                    *y_hi = hi * c - lo * s;
+                }
+            } else {
+                for (((y_lo, y_hi), (&lo, &hi)), (&c, &s)) in pairs {
+                    *y_lo = lo * c - hi * s;
+                    *y_hi = hi * c + lo * s;
+                }
+            }
+        }
+    }
+}
+
+/// Rows per parallel task of RMSNorm: fixed, so the `dγ` partial sums (one per task, added in
+/// task order) are the same for any thread count.
+const RMS_ROWS_PER_TASK: usize = 64;
+
+/// RMSNorm forward: `(y, r)` with `y = (x / rms) ⊙ γ` in `x`'s dtype and `r = 1 / rms` per row
+/// (`[rows]`, f32), `rms = sqrt(mean(x²) + eps)`. `x` is `[.., d]`, taken as `[rows, d]`.
+pub(crate) fn rms_norm_fwd(x: FlexTensor, gamma: FlexTensor, eps: f64) -> (FlexTensor, FlexTensor) {
+    launches::record(&launches::RMS_NORM);
+    let shape = x.layout().shape().clone();
+    let dtype = x.dtype();
+    let d = shape[shape.num_dims() - 1];
+    let rows = shape.num_elements() / d;
+    let mut y = output(rows * d);
+    let mut r = output(rows);
+    with_f32(&x, |x| {
+        with_f32(&gamma, |gamma| {
+            y.par_chunks_mut(RMS_ROWS_PER_TASK * d)
+                .zip(r.par_chunks_mut(RMS_ROWS_PER_TASK))
+                .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
+                .for_each(|((y, r), x)| {
+                    vectorized(RmsNormFwd {
+                        y,
+                        r,
+                        x,
+                        gamma,
+                        eps: eps as f32,
+                    })
+                });
+        })
+    });
+    (
+        tensor(y, shape, dtype),
+        tensor(r, Shape::new([rows]), DType::F32),
+    )
+}
+
+/// Sum of squares of a row, in eight interleaved partial sums (vectorisable; the order is
+/// fixed, so the result is too).
+#[inline(always)]
+fn sum_of_squares(x: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a += v * v;
+        }
+    }
+    let tail: f32 = chunks.remainder().iter().map(|&v| v * v).sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Sum of `a ⊙ b` over a row, in the same fixed order as [`sum_of_squares`].
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let mut ca = a.chunks_exact(8);
+    let mut cb = b.chunks_exact(8);
+    for (x, y) in (&mut ca).zip(&mut cb) {
+        for ((s, &p), &q) in acc.iter_mut().zip(x).zip(y) {
+            *s += p * q;
+        }
+    }
+    let tail: f32 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(&p, &q)| p * q)
+        .sum();
+    acc.iter().sum::<f32>() + tail
+}
+
+/// Rows of the RMSNorm forward.
+struct RmsNormFwd<'a> {
+    y: &'a mut [f32],
+    r: &'a mut [f32],
+    x: &'a [f32],
+    gamma: &'a [f32],
+    eps: f32,
+}
+
+impl Vectorized for RmsNormFwd<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) -> Self::Output {
+        let Self {
+            y,
+            r,
+            x,
+            gamma,
+            eps,
+        } = self;
+        let d = gamma.len();
+        for ((y, r), x) in y
+            .chunks_exact_mut(d)
+            .zip(r.iter_mut())
+            .zip(x.chunks_exact(d))
+        {
+            let rms = (sum_of_squares(x) / d as f32 + eps).sqrt();
+            *r = 1.0 / rms;
+            for ((y, &x), &g) in y.iter_mut().zip(x).zip(gamma) {
+                *y = (x / rms) * g;
+            }
+        }
+    }
+}
+
+/// RMSNorm backward: `(dx, dγ)` from `x`, `γ`, the saved `r` and `dy`, in `x`'s dtype.
+///
+/// ```text
+/// x̂ = x r,  g = dy ⊙ γ,  dx = r (g - x̂ mean(g ⊙ x̂)),  dγ = Σ_rows dy ⊙ x̂
+/// ```
+pub(crate) fn rms_norm_bwd(
+    x: FlexTensor,
+    gamma: FlexTensor,
+    r: FlexTensor,
+    dy: FlexTensor,
+) -> (FlexTensor, FlexTensor) {
+    launches::record(&launches::RMS_NORM);
+    let shape = x.layout().shape().clone();
+    let dtype = x.dtype();
+    let d = shape[shape.num_dims() - 1];
+    let rows = shape.num_elements() / d;
+    let mut dx = output(rows * d);
+    let tasks = rows.div_ceil(RMS_ROWS_PER_TASK);
+    // One dγ partial per task, [tasks, d], summed in task order below.
+    let mut partial = output(tasks * d);
+    with_f32(&x, |x| {
+        with_f32(&gamma, |gamma| {
+            with_f32(&r, |r| {
+                with_f32(&dy, |dy| {
+                    dx.par_chunks_mut(RMS_ROWS_PER_TASK * d)
+                        .zip(partial.par_chunks_mut(d))
+                        .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
+                        .zip(dy.par_chunks(RMS_ROWS_PER_TASK * d))
+                        .zip(r.par_chunks(RMS_ROWS_PER_TASK))
+                        .for_each(|((((dx, dgamma), x), dy), r)| {
+                            vectorized(RmsNormBwd {
+                                dx,
+                                dgamma,
+                                x,
+                                dy,
+                                r,
+                                gamma,
+                            })
+                        });
+                })
+            })
+        })
+    });
+    let mut dgamma = vec![0.0f32; d];
+    for p in partial.chunks_exact(d) {
+        for (s, &v) in dgamma.iter_mut().zip(p) {
+            *s += v;
+        }
+    }
+    (
+        tensor(dx, shape, dtype),
+        tensor(dgamma, Shape::new([d]), gamma.dtype()),
+    )
+}
+
+/// Rows of the RMSNorm backward; `dgamma` receives this run's `Σ dy ⊙ x̂`.
+struct RmsNormBwd<'a> {
+    dx: &'a mut [f32],
+    dgamma: &'a mut [f32],
+    x: &'a [f32],
+    dy: &'a [f32],
+    r: &'a [f32],
+    gamma: &'a [f32],
+}
+
+impl Vectorized for RmsNormBwd<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run(self) -> Self::Output {
+        let Self {
+            dx,
+            dgamma,
+            x,
+            dy,
+            r,
+            gamma,
+        } = self;
+        let d = gamma.len();
+        dgamma.fill(0.0);
+        let mut g = vec![0.0f32; d];
+        let mut xhat = vec![0.0f32; d];
+        let rows = dx
+            .chunks_exact_mut(d)
+            .zip(x.chunks_exact(d))
+            .zip(dy.chunks_exact(d));
+        for (((dx, x), dy), &r) in rows.zip(r) {
+            for ((((g, xhat), &x), &dy), &gamma) in
+                g.iter_mut().zip(xhat.iter_mut()).zip(x).zip(dy).zip(gamma)
+            {
+                *xhat = x * r;
+                *g = dy * gamma;
+            }
+            let c = dot(&g, &xhat) / d as f32;
+            for (((dx, &g), &xhat), (dgamma, &dy)) in dx
+                .iter_mut()
+                .zip(&g)
+                .zip(&xhat)
+                .zip(dgamma.iter_mut().zip(dy))
+            {
+                *dx = r * (g - xhat * c);
+                *dgamma += dy * xhat;
+            }
+        }
+    }
 }
 
 /// `SiLU(gate) ⊙ up` in `gate`'s dtype.

@@ -21,8 +21,11 @@ mod ops;
 pub use ops::LmOps;
 
 use burn::tensor::{Int, Tensor};
-use relation_core::lm::{check_cross_entropy, check_dense, check_swiglu};
-use relation_core::{WeightLayout, naive_cross_entropy, naive_dense, naive_swiglu};
+use relation_core::lm::{check_cross_entropy, check_dense, check_rms_norm, check_swiglu};
+use relation_core::rope::check_rope;
+use relation_core::{
+    WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
+};
 
 use crate::{Result, Strategy};
 
@@ -59,6 +62,75 @@ pub fn dense(
             w.into_dispatch(),
             false,
             layout == WeightLayout::OutIn,
+        )))
+    }
+    #[cfg(not(feature = "flex"))]
+    unreachable!("use_fused_flex is false without the flex feature")
+}
+
+/// Rotary position embedding of tokens at positions `offset..` (half-split pairs, angles
+/// `(offset + t) base^(-2k/D)`), differentiable; the reference is
+/// [`relation_core::naive_rope`].
+///
+/// [`Strategy::Auto`] runs it on Flex as one pass on all cores (the backward is the inverse
+/// rotation, nothing saved); the reference elsewhere. [`Strategy::Fused`] is an error off Flex.
+///
+/// # Shapes
+/// - `x`, output: `[B, T, H, D]`
+///
+/// # Errors
+/// Odd `D`, a base that is not finite and > 1, empty dimensions; [`Strategy::Fused`] on a
+/// device other than Flex.
+pub fn rope(x: Tensor<4>, offset: usize, base: f64, strategy: Strategy) -> Result<Tensor<4>> {
+    check_rope(&x, base)?;
+    if !strategy.use_fused_flex("rope", &x.device())? {
+        return Ok(naive_rope(x, offset, base)?);
+    }
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        Ok(Tensor::from_dispatch(Dispatch::rope(
+            x.into_dispatch(),
+            offset,
+            base,
+            false,
+        )))
+    }
+    #[cfg(not(feature = "flex"))]
+    unreachable!("use_fused_flex is false without the flex feature")
+}
+
+/// RMS normalisation over the last dimension, `y = x / sqrt(mean(x²) + eps) ⊙ γ`,
+/// differentiable in `x` and `gamma`; the reference is [`relation_core::naive_rms_norm`] (Burn's
+/// `RmsNorm`).
+///
+/// [`Strategy::Auto`] runs it on Flex as one pass forward (saving one `1 / rms` per row) and one
+/// backward, on all cores, with `dγ` summed per fixed block of rows in a fixed order (the same
+/// bits for any thread count); the reference elsewhere. [`Strategy::Fused`] is an error off Flex.
+///
+/// # Shapes
+/// - `x`, output: `[.., d]`; `gamma`: `[d]`
+///
+/// # Errors
+/// Empty dimensions, `gamma` not `[d]`, a negative or non-finite `eps`, mismatched devices or
+/// dtypes; [`Strategy::Fused`] on a device other than Flex.
+pub fn rms_norm<const N: usize>(
+    x: Tensor<N>,
+    gamma: Tensor<1>,
+    eps: f64,
+    strategy: Strategy,
+) -> Result<Tensor<N>> {
+    check_rms_norm(&x, &gamma, eps)?;
+    if !strategy.use_fused_flex("rms_norm", &x.device())? {
+        return Ok(naive_rms_norm(x, gamma, eps)?);
+    }
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        Ok(Tensor::from_dispatch(Dispatch::rms_norm(
+            x.into_dispatch(),
+            gamma.into_dispatch(),
+            eps,
         )))
     }
     #[cfg(not(feature = "flex"))]

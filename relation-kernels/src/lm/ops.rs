@@ -25,6 +25,34 @@ pub trait LmOps: Backend {
     /// - output: `[M, N]` in `a`'s dtype
     fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self>;
 
+    /// RoPE of tokens at positions `offset..` (`inverse`: rotation by `-φ`), differentiable.
+    ///
+    /// # Shapes
+    /// - `x`, output: `[B, T, H, D]`
+    fn rope(x: FloatTensor<Self>, offset: usize, base: f64, inverse: bool) -> FloatTensor<Self>;
+
+    /// RMS normalisation over the last dimension, differentiable in `x` and `gamma`.
+    ///
+    /// # Shapes
+    /// - `x`, output: `[.., d]`; `gamma`: `[d]`
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f64) -> FloatTensor<Self>;
+
+    /// RMSNorm forward that also returns each row's `1 / rms`, `(y, r)` (`r` in f32, one per
+    /// row). Not differentiable.
+    fn rms_norm_fwd(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// RMSNorm backward: `(dx, dgamma)` from the inputs, the saved `r` and `dy`.
+    fn rms_norm_bwd(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
     /// `SiLU(gate) ⊙ up`, differentiable.
     ///
     /// # Shapes
@@ -63,6 +91,31 @@ pub trait LmOps: Backend {
 }
 
 impl LmOps for Flex {
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        flex::rms_norm_fwd(x, gamma, eps).0
+    }
+
+    fn rms_norm_fwd(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        flex::rms_norm_fwd(x, gamma, eps)
+    }
+
+    fn rms_norm_bwd(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        flex::rms_norm_bwd(x, gamma, r, dy)
+    }
+
+    fn rope(x: FloatTensor<Self>, offset: usize, base: f64, inverse: bool) -> FloatTensor<Self> {
+        flex::rope(x, offset, base, inverse)
+    }
+
     fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
         flex::dense(a, b, ta, tb)
     }
@@ -101,6 +154,117 @@ impl LmOps for Flex {
 }
 
 impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
+    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
+        /// Saves each row's `1 / rms` (`[rows]`); `x` and `gamma` are checkpointed (the
+        /// residual stream and a parameter, alive anyway).
+        #[derive(Debug)]
+        struct RmsNormBackward;
+
+        impl<B: LmOps> Backward<B, 2> for RmsNormBackward {
+            type State = (NodeId, NodeId, FloatTensor<B>);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 2>,
+                grads: &mut Gradients,
+                checkpointer: &mut Checkpointer,
+            ) {
+                let [node_x, node_gamma] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                let (x_id, gamma_id, r) = ops.state;
+                let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_id);
+                let gamma: FloatTensor<B> = checkpointer.retrieve_node_output(gamma_id);
+                let (dx, dgamma) = B::rms_norm_bwd(x, gamma, r, dy);
+                for (node, grad) in [(node_x, dx), (node_gamma, dgamma)] {
+                    if let Some(node) = node {
+                        grads.register::<B>(node.id, grad);
+                    }
+                }
+            }
+        }
+
+        match RmsNormBackward
+            .prepare::<C>([x.node(), gamma.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(mut prep) => {
+                let (x_id, gamma_id) = (prep.checkpoint(&x), prep.checkpoint(&gamma));
+                let (y, r) = B::rms_norm_fwd(x.into_primitive(), gamma.into_primitive(), eps);
+                prep.finish((x_id, gamma_id, r), y)
+            }
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rms_norm(x.into_primitive(), gamma.into_primitive(), eps))
+            }
+        }
+    }
+
+    fn rms_norm_fwd(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        eps: f64,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (y, r) = B::rms_norm_fwd(x.into_primitive(), gamma.into_primitive(), eps);
+        (FloatTensor::<Self>::new(y), FloatTensor::<Self>::new(r))
+    }
+
+    fn rms_norm_bwd(
+        x: FloatTensor<Self>,
+        gamma: FloatTensor<Self>,
+        r: FloatTensor<Self>,
+        dy: FloatTensor<Self>,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
+        let (dx, dgamma) = B::rms_norm_bwd(
+            x.into_primitive(),
+            gamma.into_primitive(),
+            r.into_primitive(),
+            dy.into_primitive(),
+        );
+        (
+            FloatTensor::<Self>::new(dx),
+            FloatTensor::<Self>::new(dgamma),
+        )
+    }
+
+    fn rope(x: FloatTensor<Self>, offset: usize, base: f64, inverse: bool) -> FloatTensor<Self> {
+        /// Saves nothing: RoPE is a rotation `R`, so `dx = Rᵀ dy` is the inverse rotation of
+        /// the upstream gradient.
+        #[derive(Debug)]
+        struct RopeBackward;
+
+        impl<B: LmOps> Backward<B, 1> for RopeBackward {
+            type State = (usize, f64, bool);
+
+            fn backward(
+                self,
+                ops: Ops<Self::State, 1>,
+                grads: &mut Gradients,
+                _checkpointer: &mut Checkpointer,
+            ) {
+                let [node] = ops.parents;
+                let dy = grads.consume::<B>(&ops.node);
+                let (offset, base, inverse) = ops.state;
+                if let Some(node) = node {
+                    grads.register::<B>(node.id, B::rope(dy, offset, base, !inverse));
+                }
+            }
+        }
+
+        match RopeBackward
+            .prepare::<C>([x.node()])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(
+                (offset, base, inverse),
+                B::rope(x.into_primitive(), offset, base, inverse),
+            ),
+            OpsKind::UnTracked(prep) => {
+                prep.finish(B::rope(x.into_primitive(), offset, base, inverse))
+            }
+        }
+    }
+
     fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
         /// Saves nothing new: both factors are checkpointed (they are activations and weights
         /// that live anyway). With `C = op_a(A) op_b(B)` and upstream `G`:

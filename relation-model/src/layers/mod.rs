@@ -123,10 +123,11 @@ pub(crate) fn rope_heads(
     offset: usize,
     rope_base: f64,
 ) -> crate::Result<Tensor<4>> {
-    Ok(relation_core::rope(
+    Ok(relation_kernels::rope(
         split_heads(dense(layer, x)?, heads),
         offset,
         rope_base,
+        Strategy::Auto,
     )?)
 }
 
