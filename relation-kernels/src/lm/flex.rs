@@ -16,7 +16,9 @@ use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
 use crate::launches;
-use crate::tile::flex::{Vectorized, dims4, exp, max_of, output, tensor, vectorized, with_f32};
+use crate::tile::flex::{
+    Vectorized, dims4, exp, max_of, output, product, tensor, vectorized, with_f32,
+};
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
 const ELEMS_PER_TASK: usize = 16 * 1024;
@@ -63,16 +65,16 @@ fn read_ids(x: &FlexTensor) -> Vec<usize> {
 /// it ran at 49–113 GFLOP/s on two cores where the same GEMM kernels reach 150–200 (see
 /// `examples/matmul_bench.rs`): every Flex output is allocated as zeroed bytes and then copied
 /// once more to fix its alignment (two extra passes and twice the page faults over a 4–64 MiB
-/// output), and a transposed factor goes through the same path. Here the output is one zeroed
-/// f32 buffer that the product overwrites, transposes are free (a strided view), and faer's
-/// kernels are ~10–25 % faster than `gemm`'s at these shapes. faer splits the output rows and
-/// columns among threads, never the `K` sum, so every element is summed in the same order for
-/// any thread count (tested bitwise in `flex_threads`).
+/// output), and a transposed factor goes through the same path. Here the product is written once
+/// into a fresh f32 buffer ([`product`]: never zero-filled first), transposes are free (a
+/// strided view), and faer's kernels are ~10–25 % faster than `gemm`'s at these shapes. faer
+/// splits the output rows and columns among threads, never the `K` sum, so every element is
+/// summed in the same order for any thread count (tested bitwise in `flex_threads`).
 ///
 /// # Shapes
 /// - `a`: `[M, K]` (`[K, M]` when `ta`), `b`: `[K, N]` (`[N, K]` when `tb`); output `[M, N]`
 pub(crate) fn dense(a: FlexTensor, b: FlexTensor, ta: bool, tb: bool) -> FlexTensor {
-    use faer::{Accum, MatMut, MatRef, Par};
+    use faer::{MatRef, Par};
     launches::record(&launches::DENSE);
     let dtype = a.dtype();
     let [ar, ac] = dims2(&a);
@@ -85,15 +87,13 @@ pub(crate) fn dense(a: FlexTensor, b: FlexTensor, ta: bool, tb: bool) -> FlexTen
     } else {
         Par::rayon(rayon::current_num_threads())
     };
-    let mut y = output(m * n);
-    with_f32(&a, |a| {
+    let y = with_f32(&a, |a| {
         with_f32(&b, |b| {
             let a = MatRef::from_row_major_slice(a, ar, ac);
             let b = MatRef::from_row_major_slice(b, br, bc);
             let a = if ta { a.transpose() } else { a };
             let b = if tb { b.transpose() } else { b };
-            let y = MatMut::from_row_major_slice_mut(&mut y, m, n);
-            faer::linalg::matmul::matmul(y, Accum::Replace, a, b, 1.0f32, par);
+            product(a, b, par)
         })
     });
     tensor(y, Shape::new([m, n]), dtype)

@@ -258,8 +258,8 @@ impl<'a> Mat<'a> {
 /// `dst[m x n] = (accumulate ? dst : 0) + alpha * lhs[m x k] · rhs[k x n]`, single-threaded
 /// (parallelism comes from the tasks around it), `dst` row-major with row stride `ld`.
 ///
-/// The one place this crate calls `unsafe` code: the `gemm` crate (the GEMM Flex itself uses)
-/// takes raw pointers and strides. Every extent is checked against its slice first, so an
+/// One of the two places this crate calls `unsafe` code (the other is [`product`]): the `gemm`
+/// crate (the GEMM Flex itself uses) takes raw pointers and strides. Every extent is checked against its slice first, so an
 /// out-of-bounds tile is a panic here rather than a wild read or write.
 #[allow(unsafe_code, clippy::too_many_arguments)]
 pub(crate) fn gemm(
@@ -312,4 +312,42 @@ pub(crate) fn gemm(
             gemm::Parallelism::None,
         );
     }
+}
+
+/// `a · b` into a new row-major `[M, N]` f32 buffer, through faer's GEMM with parallelism `par`
+/// (the dense products of the model; transposed factors are strided views, read in place).
+///
+/// The other place this crate calls `unsafe` code: the product is written straight into the
+/// buffer's unused capacity rather than into a zero-filled buffer. The fill was a full extra
+/// pass over every projection output and the `[B·T, V]` logits, on the calling thread while the
+/// workers waited (~4 % of a 3.7M training step's samples). While outputs are poisoned (tests)
+/// the buffer is NaN-filled first, as every kernel's is, so an element faer did not write or
+/// read before writing fails the tests.
+#[allow(unsafe_code)]
+pub(crate) fn product(
+    a: faer::MatRef<'_, f32>,
+    b: faer::MatRef<'_, f32>,
+    par: faer::Par,
+) -> Vec<f32> {
+    assert_eq!(a.ncols(), b.nrows(), "inner dimensions of a product");
+    let (m, n) = (a.nrows(), b.ncols());
+    let len = m * n;
+    if a.ncols() == 0 {
+        return vec![0.0; len]; // an empty sum (the entry points refuse K = 0 anyway)
+    }
+    let mut y = if crate::debug::poisoning() {
+        output(len)
+    } else {
+        Vec::with_capacity(len)
+    };
+    // SAFETY: `y` owns at least `len` f32 of capacity, which the view describes as a row-major
+    // `[m, n]` (row stride `n`, column stride 1) inside that allocation; faer's
+    // `Accum::Replace` writes every element of its destination and reads none (the poisoned
+    // tests check both), so all `len` elements are initialised when `matmul` returns.
+    unsafe {
+        let dst = faer::MatMut::from_raw_parts_mut(y.as_mut_ptr(), m, n, n as isize, 1);
+        faer::linalg::matmul::matmul(dst, faer::Accum::Replace, a, b, 1.0f32, par);
+        y.set_len(len);
+    }
+    y
 }
