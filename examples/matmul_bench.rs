@@ -35,18 +35,26 @@ fn main() {
     let (n, d) = (args.tokens, args.d_model);
     // (what, M, K, N, transpose lhs): forward x @ W, input gradient g @ W^T, weight gradient
     // x^T @ g (a long K), the LM head, and the square reference.
-    let shapes: [(&str, usize, usize, usize, bool); 6] = [
-        ("square 1024", 1024, 1024, 1024, false),
-        ("x @ W (d -> d)", n, d, d, false),
-        ("x @ W (d -> 2 d)", n, d, 2 * d, false),
-        ("x^T @ g (weight grad)", d, n, 2 * d, true),
-        ("x @ E^T (LM head)", n, d, 4096, false),
-        ("g^T @ x (head grad)", 4096, n, d, true),
+    // The last field: how `dense` reads the weight (the tied head is stored `[V, d]`).
+    let shapes: [(&str, usize, usize, usize, bool, WeightLayout); 6] = [
+        ("square 1024", 1024, 1024, 1024, false, WeightLayout::InOut),
+        ("x @ W (d -> d)", n, d, d, false, WeightLayout::InOut),
+        ("x @ W (d -> 2 d)", n, d, 2 * d, false, WeightLayout::InOut),
+        (
+            "x^T @ g (weight grad)",
+            d,
+            n,
+            2 * d,
+            true,
+            WeightLayout::InOut,
+        ),
+        ("x @ E^T (LM head)", n, d, 4096, false, WeightLayout::OutIn),
+        ("g^T @ x (head grad)", 4096, n, d, true, WeightLayout::InOut),
     ];
     println!("Matmul on {device:?}, f32, mean of {iters} iterations\n");
     println!("| product | M x K x N | matmul ms | GFLOP/s | `dense` ms | GFLOP/s |");
     println!("|---|---|---|---|---|---|");
-    for (what, m, k, cols, transposed) in shapes {
+    for (what, m, k, cols, transposed, layout) in shapes {
         let a = if transposed {
             Tensor::<2>::random([k, m], burn::tensor::Distribution::Default, &device).transpose()
         } else {
@@ -63,14 +71,14 @@ fn main() {
         let fused = if transposed {
             "— | —".to_string()
         } else {
-            // Stored [N, K] like the tied head (its own values: only the time matters).
-            let w_t = Tensor::<2>::random([cols, k], burn::tensor::Distribution::Default, &device);
+            // The weight as `layout` stores it (its own values: only the time matters).
+            let dims = match layout {
+                WeightLayout::InOut => [k, cols],
+                WeightLayout::OutIn => [cols, k],
+            };
+            let w = Tensor::<2>::random(dims, burn::tensor::Distribution::Default, &device);
             let t = time_on(&device, iters, &mut || {
-                let _ = if what.contains("E^T") {
-                    dense(a.clone(), w_t.clone(), WeightLayout::OutIn, Strategy::Auto)
-                } else {
-                    dense(a.clone(), b.clone(), WeightLayout::InOut, Strategy::Auto)
-                };
+                let _ = dense(a.clone(), w.clone(), layout, Strategy::Auto);
             });
             format!(
                 "{:.2} | {:.1}",

@@ -31,6 +31,22 @@ pub fn naive_rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
     check_rope(&x, base)?;
     let [_, t, _, d] = x.dims();
     let half = d / 2;
+    let (cos, sin) = rope_angles(offset, t, d, base);
+    let options = (&x.device(), x.dtype());
+    let cos = Tensor::<4>::from_data(TensorData::new(cos, [1, t, 1, half]), options);
+    let sin = Tensor::<4>::from_data(TensorData::new(sin, [1, t, 1, half]), options);
+    let low = x.clone().narrow(3, 0, half); // [B, T, H, D/2]
+    let high = x.narrow(3, half, half); // [B, T, H, D/2]
+    let rotated_low = low.clone() * cos.clone() - high.clone() * sin.clone();
+    let rotated_high = high * cos + low * sin;
+    Ok(Tensor::cat(vec![rotated_low, rotated_high], 3))
+}
+
+/// `(cos φ, sin φ)` of RoPE for positions `offset..offset + t` and head dimension `d`, in f64,
+/// `[T, D/2]` row-major each: `φ = (offset + t) base^(-2k/D)` for pair `k`. The one angle
+/// table of the reference and of every fused kernel.
+pub fn rope_angles(offset: usize, t: usize, d: usize, base: f64) -> (Vec<f64>, Vec<f64>) {
+    let half = d / 2;
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
     for pos in offset..offset + t {
@@ -40,14 +56,7 @@ pub fn naive_rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
             sin.push(phase.sin());
         }
     }
-    let options = (&x.device(), x.dtype());
-    let cos = Tensor::<4>::from_data(TensorData::new(cos, [1, t, 1, half]), options);
-    let sin = Tensor::<4>::from_data(TensorData::new(sin, [1, t, 1, half]), options);
-    let low = x.clone().narrow(3, 0, half); // [B, T, H, D/2]
-    let high = x.narrow(3, half, half); // [B, T, H, D/2]
-    let rotated_low = low.clone() * cos.clone() - high.clone() * sin.clone();
-    let rotated_high = high * cos + low * sin;
-    Ok(Tensor::cat(vec![rotated_low, rotated_high], 3))
+    (cos, sin)
 }
 
 /// Checks the inputs of [`naive_rope`] (shared with the fused entry point).

@@ -115,17 +115,11 @@ pub(crate) fn rope(x: FlexTensor, offset: usize, base: f64, inverse: bool) -> Fl
     let [b, t, h, d] = dims4(&x);
     let dtype = x.dtype();
     let shape = x.layout().shape().clone();
-    let half = d / 2;
-    // cos φ and sin φ of every (position, pair), [T, D/2] each.
-    let mut cos = Vec::with_capacity(t * half);
-    let mut sin = Vec::with_capacity(t * half);
-    for pos in offset..offset + t {
-        for k in 0..half {
-            let phase = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
-            cos.push(phase.cos() as f32);
-            sin.push(phase.sin() as f32);
-        }
-    }
+    // cos φ and sin φ of every (position, pair), [T, D/2] each, rounded to f32 as the
+    // reference's upload rounds them.
+    let (cos, sin) = relation_core::rope::rope_angles(offset, t, d, base);
+    let cos: Vec<f32> = cos.iter().map(|&c| c as f32).collect();
+    let sin: Vec<f32> = sin.iter().map(|&s| s as f32).collect();
     let token = h * d;
     let mut y = output(b * t * token);
     if y.is_empty() {
