@@ -16,3 +16,65 @@ pub fn poison_outputs(enabled: bool) {
 pub(crate) fn poisoning() -> bool {
     POISON.load(Ordering::Relaxed)
 }
+
+#[cfg(feature = "flex")]
+pub use crate::tile::flex::Triangle;
+
+/// The tile product of the Flex kernels (FlashRelation's `U = P1 P2ᵀ`, `P Ĩ`, `dUᵀ P1`, …) on
+/// plain slices, for its own tests:
+///
+/// ```text
+/// dst[m x n] = (accumulate ? dst : 0) + alpha · lhs[m x k] · rhs[k x n]
+/// ```
+///
+/// `dst` is row-major with row stride `ld_dst` (given to the kernel as one strided buffer, or
+/// with `as_rows` as one slice per row, as the kernels write `[B, T, H, D]` outputs); `lhs` is
+/// row-major with row stride `k`, or with `lhs_transposed` the transpose of a row-major `[k, m]`
+/// read in place; `rhs` is row-major with row stride `ld_rhs`; `part`: which part of a causal
+/// tile is needed (`Triangle::Full` for all of it).
+///
+/// # Panics
+/// When an extent overruns its slice.
+#[cfg(feature = "flex")]
+#[allow(clippy::too_many_arguments)]
+pub fn tile_product(
+    [m, n, k]: [usize; 3],
+    dst: &mut [f32],
+    ld_dst: usize,
+    as_rows: bool,
+    lhs: &[f32],
+    lhs_transposed: bool,
+    rhs: &[f32],
+    ld_rhs: usize,
+    alpha: f32,
+    accumulate: bool,
+    part: Triangle,
+) {
+    use crate::tile::flex::{Mat, Strided, gemm};
+    let lhs = if lhs_transposed {
+        Mat::transposed(lhs, m)
+    } else {
+        Mat::rows(lhs, k)
+    };
+    let rhs = Mat::rows(rhs, ld_rhs);
+    if as_rows {
+        let mut rows: Vec<&mut [f32]> = dst.chunks_mut(ld_dst).take(m).collect();
+        gemm(
+            m,
+            n,
+            k,
+            rows.as_mut_slice(),
+            lhs,
+            rhs,
+            alpha,
+            accumulate,
+            part,
+        );
+    } else {
+        let mut dst = Strided {
+            data: dst,
+            ld: ld_dst,
+        };
+        gemm(m, n, k, &mut dst, lhs, rhs, alpha, accumulate, part);
+    }
+}

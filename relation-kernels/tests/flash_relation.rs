@@ -297,3 +297,53 @@ fn flash_relation_auto_on_flex_runs_the_kernel_and_limits_are_typed() {
         );
     }
 }
+
+/// The Flex kernels read their inputs in place when they are contiguous f32 (row `i` of head `h`
+/// at stride `H·D`) and convert them otherwise: views (heads-first storage seen through
+/// `swap_dims`, a `narrow` at an offset) must give exactly the contiguous inputs' results,
+/// forward and gradients.
+#[test]
+fn flash_relation_on_flex_reads_views_like_contiguous_inputs() {
+    debug::poison_outputs(true);
+    let flex = Device::flex();
+    let ad = flex.clone().autodiff();
+    let [b, t, h, d] = [2, 70, 3, 48];
+    // p1 stored [B, H, T, D] and viewed as [B, T, H, D]; p2 a narrow of a longer sequence.
+    let p1_heads_first = uniform([b, h, t, d], 40, 1.5, &ad, DType::F32);
+    let p2_longer = uniform([b, t + 5, h, d], 41, 1.5, &ad, DType::F32);
+    let info = uniform([b, t, h, d], 42, 1.0, &ad, DType::F32);
+    let weights = uniform([b, t, h, d], 43, 1.0, &ad, DType::F32);
+    let lambda = Tensor::<1>::from_data([0.5f32], &ad);
+    let run = |p1: Tensor<4>, p2: Tensor<4>| {
+        let (p1, p2, info) = (
+            p1.require_grad(),
+            p2.require_grad(),
+            info.clone().require_grad(),
+        );
+        let y = flash_relation(
+            p1.clone(),
+            p2.clone(),
+            info.clone(),
+            lambda.clone(),
+            DEFAULT_TAU,
+            Strategy::Fused,
+        )
+        .unwrap();
+        let grads = (y.clone() * weights.clone()).sum().backward();
+        let grad = |x: &Tensor<4>| x.grad(&grads).unwrap().into_data();
+        (y.into_data(), grad(&p1), grad(&p2), grad(&info))
+    };
+    let views = run(
+        p1_heads_first.clone().swap_dims(1, 2),
+        p2_longer.clone().narrow(1, 5, t),
+    );
+    let contiguous = |x: Tensor<4>| Tensor::<4>::from_data(x.into_data(), &ad);
+    let copies = run(
+        contiguous(p1_heads_first.swap_dims(1, 2)),
+        contiguous(p2_longer.narrow(1, 5, t)),
+    );
+    assert_eq!(views.0, copies.0, "Y");
+    assert_eq!(views.1, copies.1, "dp1");
+    assert_eq!(views.2, copies.2, "dp2");
+    assert_eq!(views.3, copies.3, "dI");
+}

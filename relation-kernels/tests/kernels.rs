@@ -16,3 +16,5 @@ mod flex_threads;
 mod linear_relation;
 mod lm;
 mod strategy;
+#[cfg(feature = "flex")]
+mod tile;

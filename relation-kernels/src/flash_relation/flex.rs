@@ -34,6 +34,14 @@
 //! ```
 //! and `dlambda = -sum_i dA_i log i`, summed per head and then over heads in order.
 
+//! # Layout
+//!
+//! The kernels read `P1`, `P2`, `Ĩ` (and `Ī`, `dY`, the statistics) in place, in the
+//! `[B, T, H, D]` layout of the tensors: one head's row `i` is `D` values at stride `H·D`. The only
+//! copies are `P2ᵀ` (and `Ĩᵀ` for the backward) per head, `[D, T]`, the right-hand sides of
+//! `U = P1 P2ᵀ` and `dP = dĪ Ĩᵀ`. Tasks write their rows straight into the `[B, T, H, D]` outputs
+//! through disjoint row borrows ([`head_rows`]). f16/bf16 inputs are converted to f32 once.
+
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
@@ -43,8 +51,8 @@ use super::{NO_HISTORY_LSE, STATS};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads};
 use crate::tile::flex::{
-    Mat, Vectorized, dims4, exp, gather_heads, gemm, max_of, output, read_f32, scatter_heads,
-    sigmoid, sum_of, tensor, vectorized,
+    Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, max_of, output,
+    read_f32, sigmoid, sum_of, tensor, transpose_heads, vectorized,
 };
 
 /// Query rows per task (forward) and per block (backward).
@@ -62,30 +70,73 @@ struct Forward {
     pub stats: FlexTensor,
 }
 
-/// The inputs of one `(b, h)`, heads-first: rows of `D`.
+/// The inputs of one `(b, h)`, read in place from `[B, T, H, D]`.
 #[derive(Clone, Copy)]
 struct Head<'a> {
+    /// `P1`, `P2`, `Ĩ` from this head's first row on: row `i` at `i * ld`.
     p1: &'a [f32],
     p2: &'a [f32],
     info: &'a [f32],
+    /// `P2ᵀ` of this head, `[D, T]`.
+    p2t: &'a [f32],
+    /// Row stride `H·D`.
+    ld: usize,
+    t: usize,
     d: usize,
+}
+
+impl<'a> Head<'a> {
+    /// Head `bh = b·H + h` of `[B, T, H, D]` inputs, with `p2t` the `[B·H, D, T]` transposes.
+    fn new(bh: usize, [p1, p2, info, p2t]: [&'a [f32]; 4], [_, t, h, d]: [usize; 4]) -> Self {
+        let start = ((bh / h) * t * h + bh % h) * d; // (b, 0, h, 0)
+        Head {
+            p1: &p1[start..],
+            p2: &p2[start..],
+            info: &info[start..],
+            p2t: &p2t[bh * d * t..(bh + 1) * d * t],
+            ld: h * d,
+            t,
+            d,
+        }
+    }
+
+    /// Row `i` of `x` (one of this head's inputs, or a saved tensor of the same layout).
+    fn row<'b>(&self, x: &'b [f32], i: usize) -> &'b [f32] {
+        &x[i * self.ld..i * self.ld + self.d]
+    }
+
+    /// Rows `i0..` of `x` as a matrix.
+    fn rows<'b>(&self, x: &'b [f32], i0: usize) -> Mat<'b> {
+        Mat::rows(&x[i0 * self.ld..], self.ld)
+    }
 }
 
 /// `(U_ij) = scale P1_i · P2_j` for query rows `i0..i0+n`, key rows `j0..j0+nk`, into the
 /// `BLOCK_Q x BLOCK_K` tile `u`.
+///
+/// On the diagonal tile (`j0 == i0`) only `j <= i` is computed ([`Triangle::Lower`]): the
+/// columns past it keep stale values, which no caller reads.
 fn scores(head: Head<'_>, i0: usize, n: usize, j0: usize, nk: usize, scale: f32, u: &mut [f32]) {
-    let d = head.d;
     gemm(
         n,
         nk,
-        d,
-        u,
-        BLOCK_K,
-        Mat::rows(&head.p1[i0 * d..], d),
-        Mat::transposed(&head.p2[j0 * d..], d),
+        head.d,
+        &mut Strided {
+            data: u,
+            ld: BLOCK_K,
+        },
+        head.rows(head.p1, i0),
+        Mat::rows(&head.p2t[j0..], head.t), // P2ᵀ[:, j0..]
         scale,
         false,
+        diagonal(i0, j0, Triangle::Lower),
     );
+}
+
+/// `part` on the diagonal tile (`j0 == i0`, where key `j0 + c` is after query `i0 + r` exactly
+/// when `c > r`), the whole tile elsewhere.
+fn diagonal(i0: usize, j0: usize, part: Triangle) -> Triangle {
+    if i0 == j0 { part } else { Triangle::Full }
 }
 
 /// [`RelationOps::flash_relation`](crate::RelationOps::flash_relation) on Flex: `Y` only.
@@ -126,28 +177,28 @@ fn launch_forward(
         "flash_relation forward (flex)"
     );
     let [b, t, h, d] = dims;
+    let stat_dims = [b, t, h, STATS];
     let dtype = p1.dtype();
     let lambda = read_f32(&lambda)[0];
-    let (q, k, v) = (gather_heads(&p1), gather_heads(&p2), gather_heads(&info)); // [B·H, T, D]
+    let (q, k, v) = (f32_data(&p1), f32_data(&p2), f32_data(&info)); // [B, T, H, D]
+    let kt = transpose_heads(&k, dims); // [B·H, D, T]
 
-    let mut y = output(b * h * t * d); // [B·H, T, D]
-    let mut ibar = output(b * h * t * d); // [B·H, T, D]
-    let mut stats = output(b * h * t * STATS); // [B·H, T, 3]
-    y.par_chunks_mut(t * d)
-        .zip(ibar.par_chunks_mut(t * d))
-        .zip(stats.par_chunks_mut(t * STATS))
+    let mut y = output(b * t * h * d); // [B, T, H, D]
+    let mut ibar = output(b * t * h * d); // [B, T, H, D]
+    let mut stats = output(b * t * h * STATS); // [B, T, H, 3]
+    let mut y_rows = head_rows(&mut y, dims); // [B·H][T] rows of D
+    let mut ibar_rows = head_rows(&mut ibar, dims);
+    let mut stat_rows = head_rows(&mut stats, stat_dims); // [B·H][T] rows of 3
+    y_rows
+        .par_iter_mut()
+        .zip(ibar_rows.par_iter_mut())
+        .zip(stat_rows.par_iter_mut())
         .enumerate()
         .for_each(|(bh, ((y, ibar), stats))| {
-            let span = bh * t * d..(bh + 1) * t * d;
-            let head = Head {
-                p1: &q[span.clone()],
-                p2: &k[span.clone()],
-                info: &v[span],
-                d,
-            };
-            y.par_chunks_mut(BLOCK_Q * d)
-                .zip(ibar.par_chunks_mut(BLOCK_Q * d))
-                .zip(stats.par_chunks_mut(BLOCK_Q * STATS))
+            let head = Head::new(bh, [&q, &k, &v, &kt], dims);
+            y.par_chunks_mut(BLOCK_Q)
+                .zip(ibar.par_chunks_mut(BLOCK_Q))
+                .zip(stats.par_chunks_mut(BLOCK_Q))
                 .enumerate()
                 .for_each(|(block, ((y, ibar), stats))| {
                     let rows = Rows { y, ibar, stats };
@@ -162,39 +213,40 @@ fn launch_forward(
                     });
                 });
         });
+    drop((y_rows, ibar_rows, stat_rows));
 
     Forward {
-        y: scatter_heads(&y, dims, dtype),
+        y: tensor(y, Shape::new(dims), dtype),
         ibar: if save_ibar {
-            scatter_heads(&ibar, dims, dtype)
+            tensor(ibar, Shape::new(dims), dtype)
         } else {
             tensor(vec![0.0], Shape::new([1]), dtype)
         },
-        stats: scatter_heads(&stats, [b, t, h, STATS], DType::F32),
+        stats: tensor(stats, Shape::new(stat_dims), DType::F32),
     }
 }
 
-/// The output rows of one forward task.
-struct Rows<'a> {
-    /// `[n, D]`
-    y: &'a mut [f32],
-    /// `[n, D]`, the accumulator `z` during the scan.
-    ibar: &'a mut [f32],
-    /// `[n, 3]`
-    stats: &'a mut [f32],
+/// The output rows of one forward task (`n` rows each).
+struct Rows<'a, 'b> {
+    /// Rows of `D`.
+    y: &'a mut [&'b mut [f32]],
+    /// Rows of `D`: the accumulator `z` during the scan.
+    ibar: &'a mut [&'b mut [f32]],
+    /// Rows of 3.
+    stats: &'a mut [&'b mut [f32]],
 }
 
 /// One forward task, compiled for the CPU's vector extension ([`vectorized`]).
-struct ForwardBlock<'a> {
+struct ForwardBlock<'a, 'b> {
     head: Head<'a>,
     i0: usize,
-    rows: Rows<'a>,
+    rows: Rows<'a, 'b>,
     lambda: f32,
     scale: f32,
     inv_tau: f32,
 }
 
-impl Vectorized for ForwardBlock<'_> {
+impl Vectorized for ForwardBlock<'_, '_> {
     type Output = ();
 
     #[inline(always)]
@@ -213,13 +265,13 @@ fn forward_block(
         lambda,
         scale,
         inv_tau,
-    }: ForwardBlock<'_>,
+    }: ForwardBlock<'_, '_>,
 ) {
     let d = head.d;
-    let n = rows.y.len() / d;
+    let n = rows.y.len();
     let i1 = i0 + n;
     let z = rows.ibar;
-    z.fill(0.0);
+    z.iter_mut().for_each(|row| row[..d].fill(0.0));
     let mut m = [0.0f32; BLOCK_Q];
     let mut l = [0.0f32; BLOCK_Q];
     let mut u_self = [0.0f32; BLOCK_Q];
@@ -247,7 +299,7 @@ fn forward_block(
             if max > m[r] {
                 let rescale = exp(m[r] - max);
                 l[r] *= rescale;
-                z[r * d..(r + 1) * d].iter_mut().for_each(|x| *x *= rescale);
+                z[r][..d].iter_mut().for_each(|x| *x *= rescale);
                 m[r] = max;
             }
             for x in &mut row[..valid] {
@@ -263,11 +315,11 @@ fn forward_block(
             d,
             nk,
             z,
-            d,
             Mat::rows(&u, BLOCK_K),
-            Mat::rows(&head.info[j0 * d..], d),
+            head.rows(head.info, j0),
             1.0,
             true,
+            diagonal(i0, j0, Triangle::LowerK), // P_ij = 0 for j >= i
         );
     }
 
@@ -281,13 +333,12 @@ fn forward_block(
         } else {
             (NO_HISTORY_LSE, 0.0, 0.0)
         };
-        let info = &head.info[i * d..(i + 1) * d];
-        let y = &mut rows.y[r * d..(r + 1) * d];
-        for ((y, ibar), &v) in y.iter_mut().zip(&mut z[r * d..(r + 1) * d]).zip(info) {
+        let info = head.row(head.info, i);
+        for ((y, ibar), &v) in rows.y[r].iter_mut().zip(z[r].iter_mut()).zip(info) {
             *ibar *= inv_l;
             *y = v + g * (*ibar - v);
         }
-        rows.stats[r * STATS..(r + 1) * STATS].copy_from_slice(&[lse, s, g]);
+        rows.stats[r].copy_from_slice(&[lse, s, g]);
     }
 }
 
@@ -307,30 +358,30 @@ pub(crate) fn backward(
     let [b, t, h, d] = dims;
     let dtype = p1.dtype();
     let lambda_dtype = lambda.dtype();
-    let (q, k, v) = (gather_heads(&p1), gather_heads(&p2), gather_heads(&info)); // [B·H, T, D]
-    let (ibar, dy) = (gather_heads(&ibar), gather_heads(&dy)); // [B·H, T, D]
-    let stats = gather_heads(&stats); // [B·H, T, 3]
+    let (q, k, v) = (f32_data(&p1), f32_data(&p2), f32_data(&info)); // [B, T, H, D]
+    let (ibar, dy, stats) = (f32_data(&ibar), f32_data(&dy), f32_data(&stats)); // [B, T, H, D|3]
+    let (kt, vt) = (transpose_heads(&k, dims), transpose_heads(&v, dims)); // [B·H, D, T]
 
-    let mut dp1 = output(b * h * t * d);
-    let mut dp2 = output(b * h * t * d);
-    let mut dinfo = output(b * h * t * d);
-    let dlambda_parts: Vec<f64> = dp1
-        .par_chunks_mut(t * d)
-        .zip(dp2.par_chunks_mut(t * d))
-        .zip(dinfo.par_chunks_mut(t * d))
+    let mut dp1 = output(b * t * h * d); // [B, T, H, D]
+    let mut dp2 = output(b * t * h * d);
+    let mut dinfo = output(b * t * h * d);
+    let mut dp1_rows = head_rows(&mut dp1, dims); // [B·H][T] rows of D
+    let mut dp2_rows = head_rows(&mut dp2, dims);
+    let mut dinfo_rows = head_rows(&mut dinfo, dims);
+    let dlambda_parts: Vec<f64> = dp1_rows
+        .par_iter_mut()
+        .zip(dp2_rows.par_iter_mut())
+        .zip(dinfo_rows.par_iter_mut())
         .enumerate()
         .map(|(bh, ((dp1, dp2), dinfo))| {
-            let span = bh * t * d..(bh + 1) * t * d;
-            let head = Head {
-                p1: &q[span.clone()],
-                p2: &k[span.clone()],
-                info: &v[span.clone()],
-                d,
-            };
+            let head = Head::new(bh, [&q, &k, &v, &kt], dims);
+            let start = ((bh / h) * t * h + bh % h) * d; // (b, 0, h, 0)
             let saved = Saved {
-                ibar: &ibar[span.clone()],
-                dy: &dy[span],
-                stats: &stats[bh * t * STATS..(bh + 1) * t * STATS],
+                ibar: &ibar[start..],
+                dy: &dy[start..],
+                info_t: &vt[bh * d * t..(bh + 1) * d * t],
+                stats: &stats[start / d * STATS..],
+                stats_ld: h * STATS,
             };
             vectorized(BackwardHead {
                 head,
@@ -341,34 +392,48 @@ pub(crate) fn backward(
             })
         })
         .collect();
+    drop((dp1_rows, dp2_rows, dinfo_rows));
     // dlambda = -sum_i dA_i log i, over heads in a fixed order.
     let dlambda = -dlambda_parts.iter().sum::<f64>() as f32;
 
     (
-        scatter_heads(&dp1, dims, dtype),
-        scatter_heads(&dp2, dims, dtype),
-        scatter_heads(&dinfo, dims, dtype),
+        tensor(dp1, Shape::new(dims), dtype),
+        tensor(dp2, Shape::new(dims), dtype),
+        tensor(dinfo, Shape::new(dims), dtype),
         tensor(vec![dlambda], Shape::new([1]), lambda_dtype),
     )
 }
 
-/// What the forward saved for one head, heads-first.
+/// What the forward saved for one head, read in place (rows as in [`Head`]).
 struct Saved<'a> {
     ibar: &'a [f32],
     dy: &'a [f32],
+    /// `Ĩᵀ` of this head, `[D, T]`.
+    info_t: &'a [f32],
+    /// `(L, S, g)` of row `i` at `i * stats_ld`.
     stats: &'a [f32],
+    stats_ld: usize,
+}
+
+impl Saved<'_> {
+    /// `(L_i, S_i, g_i)`.
+    fn stats(&self, i: usize) -> [f32; STATS] {
+        let at = i * self.stats_ld;
+        [self.stats[at], self.stats[at + 1], self.stats[at + 2]]
+    }
 }
 
 /// One backward task, compiled for the CPU's vector extension ([`vectorized`]).
-struct BackwardHead<'a> {
+struct BackwardHead<'a, 'b> {
     head: Head<'a>,
     saved: Saved<'a>,
-    grads: [&'a mut [f32]; 3],
+    /// `dp1`, `dp2`, `dĨ`: this head's `T` rows of `D` each.
+    grads: [&'a mut Vec<&'b mut [f32]>; 3],
     scale: f32,
     inv_tau: f32,
 }
 
-impl Vectorized for BackwardHead<'_> {
+impl Vectorized for BackwardHead<'_, '_> {
     type Output = f64;
 
     #[inline(always)]
@@ -377,44 +442,46 @@ impl Vectorized for BackwardHead<'_> {
     }
 }
 
-/// Gradients of one head into `[dp1, dp2, dinfo]` (each `[T, D]`); returns `sum_i dA_i log i`.
+/// Gradients of one head into `[dp1, dp2, dinfo]` (`T` rows of `D` each); returns
+/// `sum_i dA_i log i`.
 #[inline(always)] // into `BackwardHead::run`, so the element loops are vectorised for this CPU
 fn backward_head(
     head: Head<'_>,
     saved: Saved<'_>,
-    [dp1, dp2, dinfo]: [&mut [f32]; 3],
+    [dp1, dp2, dinfo]: [&mut Vec<&mut [f32]>; 3],
     scale: f32,
     inv_tau: f32,
 ) -> f64 {
-    let d = head.d;
-    let t = dp1.len() / d;
+    let (t, d) = (head.t, head.d);
     // Prepass per row: dĪ = g dY, dA, D = dĪ · Ī, dĨ = (1 - g) dY.
-    let mut dibar = vec![0.0f32; t * d];
+    let mut dibar = vec![0.0f32; t * d]; // [T, D]
     let mut d_a = vec![0.0f32; t];
     let mut d_row = vec![0.0f32; t];
     let mut weighted = 0.0f64;
     for i in 0..t {
-        let (s_g, row) = (saved.stats[i * STATS + 2], i * d..(i + 1) * d);
+        let s_g = saved.stats(i)[2];
         let (dy, ibar, info) = (
-            &saved.dy[row.clone()],
-            &saved.ibar[row.clone()],
-            &head.info[row.clone()],
+            head.row(saved.dy, i),
+            head.row(saved.ibar, i),
+            head.row(head.info, i),
         );
+        let dib_row = &mut dibar[i * d..(i + 1) * d];
+        let dinfo_row = &mut dinfo[i][..d];
         let mut dg = 0.0f32;
         let mut dd = 0.0f32;
         for c in 0..d {
             let dib = s_g * dy[c];
-            dibar[i * d + c] = dib;
+            dib_row[c] = dib;
             dg += dy[c] * (ibar[c] - info[c]);
             dd += dib * ibar[c];
-            dinfo[i * d + c] = (1.0 - s_g) * dy[c];
+            dinfo_row[c] = (1.0 - s_g) * dy[c];
         }
         d_a[i] = dg * s_g * (1.0 - s_g);
         d_row[i] = dd;
         weighted += f64::from(d_a[i]) * ((i + 1) as f64).ln();
     }
-    dp1.fill(0.0);
-    dp2.fill(0.0);
+    dp1.iter_mut().for_each(|row| row.fill(0.0));
+    dp2.iter_mut().for_each(|row| row.fill(0.0));
 
     let mut u = vec![0.0f32; BLOCK_Q * BLOCK_K]; // U, then dU
     let mut dp = vec![0.0f32; BLOCK_Q * BLOCK_K]; // dĪ Ĩᵀ, then pi
@@ -428,17 +495,19 @@ fn backward_head(
                 n,
                 nk,
                 d,
-                &mut dp,
-                BLOCK_K,
+                &mut Strided {
+                    data: &mut dp,
+                    ld: BLOCK_K,
+                },
                 Mat::rows(&dibar[i0 * d..], d),
-                Mat::transposed(&head.info[j0 * d..], d),
+                Mat::rows(&saved.info_t[j0..], t), // Ĩᵀ[:, j0..]
                 1.0,
                 false,
+                diagonal(i0, j0, Triangle::Lower),
             );
             for r in 0..n {
                 let i = i0 + r;
-                let lse = saved.stats[i * STATS];
-                let s = saved.stats[i * STATS + 1];
+                let [lse, s, _] = saved.stats(i);
                 let (u_row, p_row) = (
                     &mut u[r * BLOCK_K..r * BLOCK_K + nk],
                     &mut dp[r * BLOCK_K..r * BLOCK_K + nk],
@@ -472,34 +541,34 @@ fn backward_head(
                 n,
                 d,
                 nk,
-                &mut dp1[i0 * d..],
-                d,
+                &mut dp1[i0..],
                 Mat::rows(&u, BLOCK_K),
-                Mat::rows(&head.p2[j0 * d..], d),
+                head.rows(head.p2, j0),
                 scale,
                 true,
+                diagonal(i0, j0, Triangle::LowerK), // dU_ij = 0 for j > i
             );
             gemm(
                 nk,
                 d,
                 n,
-                &mut dp2[j0 * d..],
-                d,
+                &mut dp2[j0..],
                 Mat::transposed(&u, BLOCK_K),
-                Mat::rows(&head.p1[i0 * d..], d),
+                head.rows(head.p1, i0),
                 scale,
                 true,
+                diagonal(i0, j0, Triangle::UpperK), // (dUᵀ)_ji = 0 for i < j
             );
             gemm(
                 nk,
                 d,
                 n,
-                &mut dinfo[j0 * d..],
-                d,
+                &mut dinfo[j0..],
                 Mat::transposed(&dp, BLOCK_K),
                 Mat::rows(&dibar[i0 * d..], d),
                 1.0,
                 true,
+                diagonal(i0, j0, Triangle::UpperK), // (piᵀ)_ji = 0 for i <= j
             );
         }
     }

@@ -1,5 +1,5 @@
 //! What the Flex (pure-Rust CPU) kernels share: heads-first f32 tiles in and out of Flex
-//! storage, the tile GEMM, and the vectorised element-wise maths ([`vectorized`]).
+//! storage, the tile product ([`gemm`]), and the vectorised element-wise maths ([`vectorized`]).
 //!
 //! The kernels themselves live with their operation (`flash_relation/flex.rs`,
 //! `linear_relation/flex.rs`, `self_relation/flex.rs`). They all follow one pattern:
@@ -13,8 +13,16 @@
 //!    identical for 1 or N threads; GEMMs inside a task are single-threaded ([`gemm`]).
 //! 3. **Scatter** back to `[B, T, H, D]` in the input dtype ([`scatter_heads`]).
 //!
+//! FlashRelation skips both copies: it reads its inputs in place ([`f32_data`]: borrowed when
+//! already contiguous f32, row `i` of a head at stride `H·D`), transposes only the right-hand
+//! sides of its score products per head ([`transpose_heads`]), and its tasks write straight
+//! into the `[B, T, H, D]` outputs through disjoint row borrows ([`head_rows`]). Its tile
+//! products are [`gemm`], a register-blocked SIMD kernel that reads both operands in place.
+//!
 //! Output buffers come from [`output`], which fills them with NaN while
 //! [`crate::debug::poison_outputs`] is on, so an element a kernel forgets to write fails the tests.
+
+use std::borrow::Cow;
 
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape, bf16, f16};
@@ -25,16 +33,19 @@ pub(crate) fn dims4(x: &FlexTensor) -> [usize; 4] {
     [s[0], s[1], s[2], s[3]]
 }
 
-/// Calls `f` with the elements of `x` in row-major order as f32: borrowed when `x` is already a
-/// contiguous f32 tensor, converted once otherwise.
+/// The elements of `x` in row-major order as f32: borrowed when `x` is already a contiguous
+/// f32 tensor (the common case: no copy), converted once otherwise.
 ///
 /// # Panics
 /// On a non-float dtype (the Tensor-level entry points only pass float tensors).
-pub(crate) fn with_f32<R>(x: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
+pub(crate) fn f32_data(x: &FlexTensor) -> Cow<'_, [f32]> {
     const CONTIGUOUS: &str = "a contiguous tensor has a contiguous slice";
+    if let Some(data) = x.as_slice::<f32>() {
+        return Cow::Borrowed(data);
+    }
     let x = x.to_contiguous();
-    let converted: Vec<f32> = match x.dtype() {
-        DType::F32 => return f(x.as_slice::<f32>().expect(CONTIGUOUS)),
+    Cow::Owned(match x.dtype() {
+        DType::F32 => x.as_slice::<f32>().expect(CONTIGUOUS).to_vec(),
         DType::F16 => {
             let s = x.as_slice::<f16>().expect(CONTIGUOUS);
             s.iter().map(|v| v.to_f32()).collect()
@@ -48,8 +59,12 @@ pub(crate) fn with_f32<R>(x: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
             s.iter().map(|&v| v as f32).collect()
         }
         other => panic!("relation-kernels (flex): unsupported dtype {other:?}"),
-    };
-    f(&converted)
+    })
+}
+
+/// Calls `f` with the elements of `x` in row-major order as f32 ([`f32_data`]).
+pub(crate) fn with_f32<R>(x: &FlexTensor, f: impl FnOnce(&[f32]) -> R) -> R {
+    f(&f32_data(x))
 }
 
 /// The elements of `x` in row-major order, as f32.
@@ -84,6 +99,48 @@ fn swap_axes_12(src: &[f32], [_outer, a, b, d]: [usize; 4]) -> Vec<f32> {
 pub(crate) fn gather_heads(x: &FlexTensor) -> Vec<f32> {
     let dims = dims4(x);
     with_f32(x, |flat| swap_axes_12(flat, dims)) // [B, T, H, D] -> [B, H, T, D]
+}
+
+/// `[B, T, H, D]` f32 -> `[B·H, D, T]`: each head's rows transposed, so that `Kᵀ` is a
+/// row-major right-hand side of [`gemm`] (its rows are the vectors of the tile products).
+pub(crate) fn transpose_heads(x: &[f32], [_b, t, h, d]: [usize; 4]) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out = vec![0.0f32; x.len()];
+    if out.is_empty() {
+        return out;
+    }
+    // Rows are taken 16 at a time so that each of the D output rows gets 16 consecutive
+    // values per pass (a whole cache line) instead of one scattered store every T floats.
+    const ROWS: usize = 16;
+    out.par_chunks_mut(d * t) // head (b, h): [D, T]
+        .enumerate()
+        .for_each(|(bh, head)| {
+            let (bi, hi) = (bh / h, bh % h);
+            for i0 in (0..t).step_by(ROWS) {
+                let rows = ROWS.min(t - i0);
+                for c in 0..d {
+                    let out_row = &mut head[c * t + i0..c * t + i0 + rows];
+                    for (ii, o) in out_row.iter_mut().enumerate() {
+                        *o = x[((bi * t + i0 + ii) * h + hi) * d + c];
+                    }
+                }
+            }
+        });
+    out
+}
+
+/// The rows of a `[B, T, H, W]` buffer grouped by head: `rows[b·H + h][t]` is the `W` values
+/// of `(b, t, h)`. Each head's rows are disjoint borrows, so tasks of the thread pool write one
+/// head (or a block of its rows) straight into the `[B, T, H, W]` output with no scatter pass.
+pub(crate) fn head_rows(data: &mut [f32], [_b, t, h, w]: [usize; 4]) -> Vec<Vec<&mut [f32]>> {
+    let heads = data.len().checked_div(t * h * w).unwrap_or(0);
+    let mut rows: Vec<Vec<&mut [f32]>> = (0..heads * h).map(|_| Vec::with_capacity(t)).collect();
+    for (index, row) in data.chunks_exact_mut(w.max(1)).enumerate() {
+        // index = (b T + t) H + h
+        let (bi, hi) = (index / (t * h), index % h);
+        rows[bi * h + hi].push(row);
+    }
+    rows
 }
 
 /// f32 `[B·H, T, D]` -> `[B, T, H, D]` in `dtype`.
@@ -163,13 +220,22 @@ pub(crate) fn exp(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer with plain adds.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2E + ROUND) - ROUND;
+    let shifted = x * LOG2E + ROUND; // 1.5 * 2^23 + n: n sits in the low mantissa bits
+    let n = shifted - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.0
         + r * (1.0
             + r * (0.5
                 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32); // 2^n
+    // 2^n from the integer bits of `shifted` (n = bits(shifted) - bits(ROUND), exact for
+    // |n| < 2^22), with wrapping integer adds: `n as i32` is a saturating conversion that LLVM
+    // does lane by lane (measured: scalar `vcvttss2si` + `cmov` per element, ~1/3 of the
+    // FlashRelation forward's element-wise time).
+    let biased = shifted
+        .to_bits()
+        .wrapping_sub(ROUND.to_bits())
+        .wrapping_add(127);
+    let scale = f32::from_bits(biased << 23); // 2^n
     p * scale
 }
 
@@ -255,69 +321,300 @@ impl<'a> Mat<'a> {
     }
 }
 
+/// The destination of a [`gemm`]: `m` rows of at least `n` f32 each.
+pub(crate) trait DstRows {
+    /// Row `r` (it may run past the `n` columns written).
+    fn row(&mut self, r: usize) -> &mut [f32];
+}
+
+/// A row-major destination with row stride `ld`: row `r` starts at `data[r * ld]`.
+pub(crate) struct Strided<'a> {
+    pub data: &'a mut [f32],
+    pub ld: usize,
+}
+
+impl DstRows for Strided<'_> {
+    #[inline(always)]
+    fn row(&mut self, r: usize) -> &mut [f32] {
+        &mut self.data[r * self.ld..]
+    }
+}
+
+/// Rows held as separate slices: rows of one head inside a `[B, T, H, D]` output ([`head_rows`]).
+impl DstRows for [&mut [f32]] {
+    #[inline(always)]
+    fn row(&mut self, r: usize) -> &mut [f32] {
+        &mut *self[r]
+    }
+}
+
+/// Rows of a register block of [`gemm`] (`MR` x 2 vector accumulators: 12 of the 16 AVX2
+/// registers, leaving room for the two `rhs` vectors and the broadcast `lhs` value).
+const MR: usize = 6;
+
+/// Which part of a square diagonal tile a [`gemm`] needs, so causal tiles skip the half that the
+/// mask throws away. On FlashRelation's diagonal tiles (query rows `i0 + r`, key rows `i0 + c`)
+/// only `c <= r` matters; the kernel works in strips of `MR` rows, so it keeps whole strips'
+/// worth (a staircase a little above the diagonal), never less.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Triangle {
+    /// The whole product.
+    Full,
+    /// Only `dst(r, c)` with `c <= r` is needed: columns past each strip's last row are not
+    /// written (their old values stay; callers must not read them).
+    Lower,
+    /// `lhs(r, q) = 0` for `q > r` (e.g. `P` on the diagonal): those terms are skipped.
+    LowerK,
+    /// `lhs(r, q) = 0` for `q < r` (e.g. `dUᵀ` on the diagonal): those terms are skipped.
+    UpperK,
+}
+
+impl Triangle {
+    /// `(columns, first q, end q)` of the strip of rows `r0 .. r0 + rows`.
+    #[inline(always)]
+    fn window(self, r0: usize, rows: usize, n: usize, k: usize) -> (usize, usize, usize) {
+        match self {
+            Triangle::Full => (n, 0, k),
+            Triangle::Lower => (n.min(r0 + rows), 0, k),
+            Triangle::LowerK => (n, 0, k.min(r0 + rows)),
+            Triangle::UpperK => (n, r0.min(k), k),
+        }
+    }
+}
+
 /// `dst[m x n] = (accumulate ? dst : 0) + alpha * lhs[m x k] · rhs[k x n]`, single-threaded
-/// (parallelism comes from the tasks around it), `dst` row-major with row stride `ld`.
+/// (parallelism comes from the tasks around it); `part` says which part of a causal tile is
+/// needed ([`Triangle`]).
 ///
-/// One of the two places this crate calls `unsafe` code (the other is [`product`]): the `gemm`
-/// crate (the GEMM Flex itself uses) takes raw pointers and strides. Every extent is checked against its slice first, so an
-/// out-of-bounds tile is a panic here rather than a wild read or write.
-#[allow(unsafe_code, clippy::too_many_arguments)]
-pub(crate) fn gemm(
+/// `rhs` must have contiguous rows (`cs == 1`): its rows are the vectors. `lhs` is either
+/// row-major (`cs == 1`) or a transposed row-major matrix (`rs == 1`, e.g. `dUᵀ` read from the
+/// `dU` tile in place); its elements are broadcast, so neither needs a copy.
+///
+/// The register-blocked kernel behind it is written with `pulp`'s SIMD vectors for the best
+/// extension of this CPU (AVX2 + FMA on x86-64, NEON on ARM, scalar otherwise): `MR` rows x two
+/// vectors of accumulators stay in registers while `k` runs, one multiply-add (fused where the
+/// CPU has FMA) per vector and step; columns past the last full vector use partial loads. The
+/// tiles of FlashRelation are small (64 x 64 x 48): there the `gemm` crate spent ~20 % of its
+/// time packing operands and dispatching, which this kernel does not do (it reads both operands
+/// in place). Each element of `dst` is one chain of multiply-adds over `p = 0..k` in order, so the
+/// bits do not depend on how the caller splits the work.
+///
+/// # Panics
+/// When an operand's extent overruns its slice or the layouts are not the ones above.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm<R: DstRows + ?Sized>(
     m: usize,
     n: usize,
     k: usize,
-    dst: &mut [f32],
-    ld: usize,
+    dst: &mut R,
     lhs: Mat<'_>,
     rhs: Mat<'_>,
     alpha: f32,
     accumulate: bool,
+    part: Triangle,
 ) {
     if m == 0 || n == 0 {
         return;
     }
-    Mat::rows(dst, ld).check(m, n, "dst");
     if k == 0 {
         if !accumulate {
-            for r in 0..m {
-                dst[r * ld..r * ld + n].fill(0.0);
-            }
+            (0..m).for_each(|r| dst.row(r)[..n].fill(0.0));
         }
         return;
     }
     lhs.check(m, k, "lhs");
     rhs.check(k, n, "rhs");
-    // SAFETY: the three extents were checked against their slices just above; `dst` is borrowed
-    // mutably and cannot alias `lhs`/`rhs`, which are shared borrows.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            ld as isize,
-            accumulate,
-            lhs.data.as_ptr(),
-            lhs.cs as isize,
-            lhs.rs as isize,
-            rhs.data.as_ptr(),
-            rhs.cs as isize,
-            rhs.rs as isize,
-            1.0,
-            alpha,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
+    assert!(rhs.cs == 1, "gemm: rhs rows must be contiguous");
+    let product = Product {
+        m,
+        n,
+        k0: 0,
+        k,
+        part,
+        lhs,
+        rhs,
+        alpha,
+        accumulate,
+    };
+    let arch = pulp::Arch::new();
+    match (lhs.cs, lhs.rs) {
+        (1, _) => arch.dispatch(Tile::<'_, '_, R, false> { product, dst }),
+        (_, 1) => arch.dispatch(Tile::<'_, '_, R, true> { product, dst }),
+        _ => panic!("gemm: lhs must be row-major or transposed row-major"),
+    }
+}
+
+/// The operands of one [`gemm`].
+#[derive(Clone, Copy)]
+struct Product<'a> {
+    m: usize,
+    n: usize,
+    /// The steps `q` summed: `k0 .. k` (a strip's window of a [`Triangle`]).
+    k0: usize,
+    k: usize,
+    part: Triangle,
+    lhs: Mat<'a>,
+    rhs: Mat<'a>,
+    alpha: f32,
+    accumulate: bool,
+}
+
+/// One [`gemm`] for `pulp`'s dispatch; `LT`: `lhs` is transposed.
+struct Tile<'a, 'd, R: ?Sized, const LT: bool> {
+    product: Product<'a>,
+    dst: &'d mut R,
+}
+
+impl<R: DstRows + ?Sized, const LT: bool> pulp::WithSimd for Tile<'_, '_, R, LT> {
+    type Output = ();
+
+    /// The product in strips of `MR` rows (the last one as narrow as it needs).
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, simd: S) {
+        let p = self.product;
+        let dst = self.dst;
+        let mut r0 = 0;
+        while r0 + MR <= p.m {
+            strip::<S, R, MR, LT>(simd, p, dst, r0);
+            r0 += MR;
+        }
+        match p.m - r0 {
+            0 => {}
+            1 => strip::<S, R, 1, LT>(simd, p, dst, r0),
+            2 => strip::<S, R, 2, LT>(simd, p, dst, r0),
+            3 => strip::<S, R, 3, LT>(simd, p, dst, r0),
+            4 => strip::<S, R, 4, LT>(simd, p, dst, r0),
+            _ => strip::<S, R, 5, LT>(simd, p, dst, r0),
+        }
+    }
+}
+
+/// Rows `r0 .. r0 + M`: blocks of two vectors of columns, then one, then a partial one.
+#[inline(always)]
+fn strip<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const LT: bool>(
+    simd: S,
+    p: Product<'_>,
+    dst: &mut R,
+    r0: usize,
+) {
+    let (n, k0, k) = p.part.window(r0, M, p.n, p.k);
+    let p = Product { n, k0, k, ..p };
+    let lanes = S::F32_LANES;
+    let mut c0 = 0;
+    while c0 + 2 * lanes <= p.n {
+        block::<S, R, M, 2, LT>(simd, p, dst, r0, c0);
+        c0 += 2 * lanes;
+    }
+    if c0 + lanes <= p.n {
+        block::<S, R, M, 1, LT>(simd, p, dst, r0, c0);
+        c0 += lanes;
+    }
+    if c0 < p.n {
+        tail::<S, R, M, LT>(simd, p, dst, r0, c0);
+    }
+}
+
+/// Columns `c0..n` (fewer than one vector) of rows `r0..r0 + M`, through partial loads.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // fixed-size register arrays, indexed like the maths
+fn tail<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const LT: bool>(
+    simd: S,
+    p: Product<'_>,
+    dst: &mut R,
+    r0: usize,
+    c0: usize,
+) {
+    let w = p.n - c0;
+    let mut acc = [simd.splat_f32s(0.0); M];
+    let (lhs, rhs) = (p.lhs, p.rhs);
+    for q in p.k0..p.k {
+        let at = q * rhs.rs + c0;
+        let b = simd.partial_load_f32s(&rhs.data[at..at + w]);
+        for r in 0..M {
+            let a = if LT {
+                lhs.data[q * lhs.cs + r0 + r]
+            } else {
+                lhs.data[(r0 + r) * lhs.rs + q]
+            };
+            acc[r] = simd.mul_add_e_f32s(simd.splat_f32s(a), b, acc[r]);
+        }
+    }
+    let alpha = simd.splat_f32s(p.alpha);
+    for r in 0..M {
+        let row = &mut dst.row(r0 + r)[c0..c0 + w];
+        let y = if p.accumulate {
+            simd.mul_add_e_f32s(alpha, acc[r], simd.partial_load_f32s(row))
+        } else {
+            simd.mul_f32s(alpha, acc[r])
+        };
+        simd.partial_store_f32s(row, y);
+    }
+}
+
+/// Rows `r0 .. r0 + M`, columns `c0 .. c0 + V` vectors: `M x V` accumulators in registers.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // fixed-size register arrays, indexed like the maths
+fn block<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const V: usize, const LT: bool>(
+    simd: S,
+    p: Product<'_>,
+    dst: &mut R,
+    r0: usize,
+    c0: usize,
+) {
+    let w = V * S::F32_LANES;
+    let zero = simd.splat_f32s(0.0);
+    let mut acc = [[zero; V]; M];
+    let (lhs, rhs) = (p.lhs, p.rhs);
+    if LT {
+        // lhs(r, q) = data[q * cs + r]: the M values of step q are contiguous.
+        for q in p.k0..p.k {
+            let at = q * rhs.rs + c0;
+            let brow: &[S::f32s] = pulp::bytemuck::cast_slice(&rhs.data[at..at + w]);
+            let b: [S::f32s; V] = std::array::from_fn(|v| brow[v]);
+            let at = q * lhs.cs + r0;
+            let a: &[f32; M] = lhs.data[at..at + M].try_into().unwrap();
+            for r in 0..M {
+                let a = simd.splat_f32s(a[r]);
+                for v in 0..V {
+                    acc[r][v] = simd.mul_add_e_f32s(a, b[v], acc[r][v]);
+                }
+            }
+        }
+    } else {
+        // lhs(r, q) = data[r * rs + q]: one slice of k per row.
+        let a: [&[f32]; M] = std::array::from_fn(|r| {
+            let at = (r0 + r) * lhs.rs;
+            &lhs.data[at..at + p.k]
+        });
+        for q in p.k0..p.k {
+            let at = q * rhs.rs + c0;
+            let brow: &[S::f32s] = pulp::bytemuck::cast_slice(&rhs.data[at..at + w]);
+            let b: [S::f32s; V] = std::array::from_fn(|v| brow[v]);
+            for r in 0..M {
+                let a = simd.splat_f32s(a[r][q]);
+                for v in 0..V {
+                    acc[r][v] = simd.mul_add_e_f32s(a, b[v], acc[r][v]);
+                }
+            }
+        }
+    }
+    let alpha = simd.splat_f32s(p.alpha);
+    for r in 0..M {
+        let row: &mut [S::f32s] = pulp::bytemuck::cast_slice_mut(&mut dst.row(r0 + r)[c0..c0 + w]);
+        for v in 0..V {
+            row[v] = if p.accumulate {
+                simd.mul_add_e_f32s(alpha, acc[r][v], row[v])
+            } else {
+                simd.mul_f32s(alpha, acc[r][v])
+            };
+        }
     }
 }
 
 /// `a · b` into a new row-major `[M, N]` f32 buffer, through faer's GEMM with parallelism `par`
 /// (the dense products of the model; transposed factors are strided views, read in place).
 ///
-/// The other place this crate calls `unsafe` code: the product is written straight into the
+/// The one place this crate calls `unsafe` code: the product is written straight into the
 /// buffer's unused capacity rather than into a zero-filled buffer. The fill was a full extra
 /// pass over every projection output and the `[B·T, V]` logits, on the calling thread while the
 /// workers waited (~4 % of a 3.7M training step's samples). While outputs are poisoned (tests)

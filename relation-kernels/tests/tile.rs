@@ -1,0 +1,145 @@
+//! The tile product behind the Flex kernels (`debug::tile_product`) against a plain f64 triple
+//! loop: every register-block shape and tail (rows 1…6 past the last strip of 6, columns past
+//! the last one and two vectors), both `lhs` layouts, both destination forms, `alpha`,
+//! accumulate vs overwrite, and the causal parts of a diagonal tile (`Triangle`). Elements
+//! outside the `m x n` window must stay untouched.
+
+use relation_kernels::debug::{Triangle, tile_product};
+
+/// A deterministic value in [-1, 1) for index `i` of stream `seed`.
+fn value(seed: u64, i: usize) -> f32 {
+    let x = (i as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03);
+    let x = (x ^ (x >> 29)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
+#[test]
+fn tile_product_matches_a_plain_product() {
+    const SENTINEL: f32 = 1234.5;
+    let mut cases = 0;
+    for &m in &[1usize, 5, 6, 7, 12, 13, 64, 65] {
+        for &n in &[1usize, 3, 4, 7, 8, 9, 15, 16, 17, 24, 48, 60, 64, 80] {
+            for &k in &[1usize, 2, 7, 48, 64] {
+                for lhs_transposed in [false, true] {
+                    for (accumulate, part) in [
+                        (false, Triangle::Full),
+                        (true, Triangle::Full),
+                        (false, Triangle::Lower),
+                        (true, Triangle::LowerK),
+                        (true, Triangle::UpperK),
+                    ] {
+                        let seed = (m * 1000 + n * 10 + k) as u64;
+                        let (ld_dst, ld_rhs) = (n + 3, n + 5); // strided, not packed
+                        // lhs(r, q) at index r k + q (row-major) or q m + r (transposed),
+                        // zero where the part says so.
+                        let lhs: Vec<f32> = (0..m * k)
+                            .map(|i| {
+                                let (r, q) = if lhs_transposed {
+                                    (i % m, i / m)
+                                } else {
+                                    (i / k, i % k)
+                                };
+                                let zero = match part {
+                                    Triangle::LowerK => q > r,
+                                    Triangle::UpperK => q < r,
+                                    _ => false,
+                                };
+                                if zero { 0.0 } else { value(seed, i) }
+                            })
+                            .collect();
+                        let rhs: Vec<f32> = (0..k * ld_rhs).map(|i| value(seed + 1, i)).collect();
+                        let start: Vec<f32> = (0..m * ld_dst)
+                            .map(|i| {
+                                if i % ld_dst < n {
+                                    if accumulate {
+                                        value(seed + 2, i)
+                                    } else {
+                                        f32::NAN
+                                    }
+                                } else {
+                                    SENTINEL
+                                }
+                            })
+                            .collect();
+                        let alpha = 0.75;
+                        // lhs(r, q): row-major [m, k], or the transpose of row-major [k, m].
+                        let a = |r: usize, q: usize| {
+                            f64::from(if lhs_transposed {
+                                lhs[q * m + r]
+                            } else {
+                                lhs[r * k + q]
+                            })
+                        };
+                        let mut outs = Vec::new();
+                        for as_rows in [false, true] {
+                            let mut dst = start.clone();
+                            tile_product(
+                                [m, n, k],
+                                &mut dst,
+                                ld_dst,
+                                as_rows,
+                                &lhs,
+                                lhs_transposed,
+                                &rhs,
+                                ld_rhs,
+                                alpha,
+                                accumulate,
+                                part,
+                            );
+                            for r in 0..m {
+                                for c in 0..ld_dst {
+                                    let got = dst[r * ld_dst + c];
+                                    let what = || {
+                                        format!(
+                                            "m {m} n {n} k {k} transposed {lhs_transposed} \
+                                             accumulate {accumulate} {part:?} rows {as_rows} \
+                                             at ({r}, {c})"
+                                        )
+                                    };
+                                    if c >= n {
+                                        assert_eq!(
+                                            got,
+                                            SENTINEL,
+                                            "{}: wrote outside the window",
+                                            what()
+                                        );
+                                        continue;
+                                    }
+                                    if part == Triangle::Lower && c > r {
+                                        continue; // not needed: written or not
+                                    }
+                                    let dot: f64 = (0..k)
+                                        .map(|q| a(r, q) * f64::from(rhs[q * ld_rhs + c]))
+                                        .sum();
+                                    let old = if accumulate {
+                                        f64::from(start[r * ld_dst + c])
+                                    } else {
+                                        0.0
+                                    };
+                                    let want = old + f64::from(alpha) * dot;
+                                    let bound = 1e-6 * (k as f64 + 2.0);
+                                    assert!(
+                                        (f64::from(got) - want).abs() <= bound,
+                                        "{}: {got} vs {want} (bound {bound:e})",
+                                        what()
+                                    );
+                                }
+                            }
+                            outs.push(dst);
+                        }
+                        // The two destination forms run the same arithmetic.
+                        let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&outs[0]),
+                            bits(&outs[1]),
+                            "m {m} n {n} k {k}: strided vs rows"
+                        );
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 8 * 14 * 5 * 2 * 5);
+}
