@@ -1,6 +1,8 @@
 //! Helpers shared by the kernel test modules.
 
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Tensor, TensorData};
+use relation_core::DEFAULT_TAU;
+use relation_kernels::{Strategy, flash_relation};
 
 /// Flex, whose fused CPU kernels every test runs on.
 pub fn flex() -> Device {
@@ -158,4 +160,30 @@ macro_rules! device_tests {
             }
         )*
     };
+}
+
+/// `Y` of the fused FlashRelation and the gradients of `sum(Y ⊙ weights)` for `p1`, `p2`,
+/// `info` and `lambda` (leaves that require gradients, on an autodiff device), as data, in that
+/// order.
+pub fn flash_outputs_and_grads(
+    [p1, p2, info]: [&Tensor<4>; 3],
+    lambda: &Tensor<1>,
+    weights: &Tensor<4>,
+) -> Vec<TensorData> {
+    let y = flash_relation(
+        p1.clone(),
+        p2.clone(),
+        info.clone(),
+        lambda.clone(),
+        DEFAULT_TAU,
+        Strategy::Fused,
+    )
+    .unwrap();
+    let grads = (y.clone() * weights.clone()).sum().backward();
+    let mut out = vec![y.into_data()];
+    for x in [p1, p2, info] {
+        out.push(x.grad(&grads).unwrap().into_data());
+    }
+    out.push(lambda.grad(&grads).unwrap().into_data());
+    out
 }

@@ -8,7 +8,7 @@ use relation_kernels::{
     KernelError, Strategy, debug, flash_relation, flash_relation_with_stats, launches,
 };
 
-use crate::common::{devices, to_flex};
+use crate::common::{devices, flash_outputs_and_grads, to_flex};
 
 /// Inputs made in f32 on Flex, rounded through `dtype`, so kernel and reference see equal values.
 struct Case {
@@ -313,25 +313,14 @@ fn flash_relation_on_flex_reads_views_like_contiguous_inputs() {
     let p2_longer = uniform([b, t + 5, h, d], 41, 1.5, &ad, DType::F32);
     let info = uniform([b, t, h, d], 42, 1.0, &ad, DType::F32);
     let weights = uniform([b, t, h, d], 43, 1.0, &ad, DType::F32);
-    let lambda = Tensor::<1>::from_data([0.5f32], &ad);
+    let lambda = Tensor::<1>::from_data([0.5f32], &ad).require_grad();
     let run = |p1: Tensor<4>, p2: Tensor<4>| {
         let (p1, p2, info) = (
             p1.require_grad(),
             p2.require_grad(),
             info.clone().require_grad(),
         );
-        let y = flash_relation(
-            p1.clone(),
-            p2.clone(),
-            info.clone(),
-            lambda.clone(),
-            DEFAULT_TAU,
-            Strategy::Fused,
-        )
-        .unwrap();
-        let grads = (y.clone() * weights.clone()).sum().backward();
-        let grad = |x: &Tensor<4>| x.grad(&grads).unwrap().into_data();
-        (y.into_data(), grad(&p1), grad(&p2), grad(&info))
+        flash_outputs_and_grads([&p1, &p2, &info], &lambda, &weights)
     };
     let views = run(
         p1_heads_first.clone().swap_dims(1, 2),
@@ -342,8 +331,10 @@ fn flash_relation_on_flex_reads_views_like_contiguous_inputs() {
         contiguous(p1_heads_first.swap_dims(1, 2)),
         contiguous(p2_longer.narrow(1, 5, t)),
     );
-    assert_eq!(views.0, copies.0, "Y");
-    assert_eq!(views.1, copies.1, "dp1");
-    assert_eq!(views.2, copies.2, "dp2");
-    assert_eq!(views.3, copies.3, "dI");
+    for (name, (got, want)) in ["Y", "dp1", "dp2", "dI", "dlambda"]
+        .iter()
+        .zip(views.iter().zip(&copies))
+    {
+        assert_eq!(got, want, "{name}");
+    }
 }

@@ -4,7 +4,9 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
-use relation_kernels::{Strategy, chunk_linear_relation, flash_relation};
+use relation_kernels::{Strategy, chunk_linear_relation};
+
+use crate::common::flash_outputs_and_grads;
 
 /// Runs `f` on a fresh rayon pool of `threads` threads (Flex runs its work on the current pool).
 fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
@@ -23,22 +25,7 @@ fn flash_run() -> Vec<TensorData> {
     let (p1, p2, info) = (make(1, 1.5), make(2, 1.5), make(3, 1.0));
     let lambda = Tensor::<1>::from_data([0.5f32], &device).require_grad();
     let weights = uniform(dims, 4, 1.0, &device, DType::F32);
-    let y = flash_relation(
-        p1.clone(),
-        p2.clone(),
-        info.clone(),
-        lambda.clone(),
-        DEFAULT_TAU,
-        Strategy::Fused,
-    )
-    .unwrap();
-    let grads = (y.clone() * weights).sum().backward();
-    let mut out = vec![y.into_data()];
-    for x in [&p1, &p2, &info] {
-        out.push(x.grad(&grads).unwrap().into_data());
-    }
-    out.push(lambda.grad(&grads).unwrap().into_data());
-    out
+    flash_outputs_and_grads([&p1, &p2, &info], &lambda, &weights)
 }
 
 /// Output, final state and input gradients of Linear Relation, as data.
