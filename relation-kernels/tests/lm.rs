@@ -4,7 +4,7 @@
 
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::RelationError;
-use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use relation_core::testing::{Check, Tol, assert_close, tolerance, uniform};
 use relation_core::{
     WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
 };
@@ -25,6 +25,30 @@ fn data<const N: usize>(dims: [usize; N], seed: u64, scale: f64, dtype: DType) -
 fn on<const N: usize>(d: &TensorData, device: &Device, dtype: DType, grad: bool) -> Tensor<N> {
     let t = Tensor::<N>::from_data(d.clone(), (device, dtype));
     if grad { t.require_grad() } else { t }
+}
+
+/// The fused output `y` against the reference's `want`: its dtype is the inputs' `dtype`, its
+/// values within `tol`.
+fn check_output<const N: usize>(what: &str, dtype: DType, y: Tensor<N>, want: Tensor<N>, tol: Tol) {
+    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
+    assert_close(
+        &format!("y {what}"),
+        &to_flex(y.detach()),
+        &want.detach(),
+        tol,
+    );
+}
+
+/// The gradient `name` of the fused path against the reference's, within `tol`.
+fn check_grad<const N: usize>(
+    what: &str,
+    name: &str,
+    got: Option<Tensor<N>>,
+    want: Option<Tensor<N>>,
+    tol: Tol,
+) {
+    let (got, want) = (got.expect(name), want.expect(name));
+    assert_close(&format!("{name} {what}"), &to_flex(got), &want, tol);
 }
 
 /// SwiGLU forward and both gradients, fused on Flex in `dtype` vs the f32 reference.
@@ -60,24 +84,10 @@ fn check_swiglu<const N: usize>(dims: [usize; N], dtype: DType, scale: f64) {
     let rgrads = (ry.clone() * on::<N>(&w, &reference, DType::F32, false))
         .sum()
         .backward();
-    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
-    let (fwd, grad) = (
-        tolerance(dtype, Check::Forward),
-        tolerance(dtype, Check::Gradient),
-    );
-    assert_close(
-        &format!("y {what}"),
-        &to_flex(y.detach()),
-        &ry.detach(),
-        fwd,
-    );
-    for (name, got, want) in [
-        ("d gate", gate.grad(&grads), rg.grad(&rgrads)),
-        ("d up", up.grad(&grads), ru.grad(&rgrads)),
-    ] {
-        let (got, want) = (got.expect(name), want.expect(name));
-        assert_close(&format!("{name} {what}"), &to_flex(got), &want, grad);
-    }
+    check_output(&what, dtype, y, ry, tolerance(dtype, Check::Forward));
+    let grad = tolerance(dtype, Check::Gradient);
+    check_grad(&what, "d gate", gate.grad(&grads), rg.grad(&rgrads), grad);
+    check_grad(&what, "d up", up.grad(&grads), ru.grad(&rgrads), grad);
 }
 
 #[test]
@@ -130,25 +140,11 @@ fn check_dense(n: usize, k: usize, m: usize, layout: WeightLayout, dtype: DType)
     let rgrads = (ry.clone() * on::<2>(&r, &reference, DType::F32, false))
         .sum()
         .backward();
-    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
     assert_eq!(y.dims(), [n, m], "{what}: output shape");
-    let (fwd, grad) = (
-        tolerance(dtype, Check::Forward),
-        tolerance(dtype, Check::Gradient),
-    );
-    assert_close(
-        &format!("y {what}"),
-        &to_flex(y.detach()),
-        &ry.detach(),
-        fwd,
-    );
-    for (name, got, want) in [
-        ("d x", xt.grad(&grads), rx.grad(&rgrads)),
-        ("d w", wt.grad(&grads), rw.grad(&rgrads)),
-    ] {
-        let (got, want) = (got.expect(name), want.expect(name));
-        assert_close(&format!("{name} {what}"), &to_flex(got), &want, grad);
-    }
+    check_output(&what, dtype, y, ry, tolerance(dtype, Check::Forward));
+    let grad = tolerance(dtype, Check::Gradient);
+    check_grad(&what, "d x", xt.grad(&grads), rx.grad(&rgrads), grad);
+    check_grad(&what, "d w", wt.grad(&grads), rw.grad(&rgrads), grad);
 }
 
 #[test]
@@ -219,26 +215,10 @@ fn check_rms_norm<const N: usize>(dims: [usize; N], dtype: DType, scale: f64) {
     let rgrads = (ry.clone() * on::<N>(&r, &reference, DType::F32, false))
         .sum()
         .backward();
-    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
-    assert_close(
-        &format!("y {what}"),
-        &to_flex(y.detach()),
-        &ry.detach(),
-        tolerance(dtype, Check::Forward),
-    );
+    check_output(&what, dtype, y, ry, tolerance(dtype, Check::Forward));
     let grad = tolerance(dtype, Check::Gradient);
-    assert_close(
-        &format!("d x {what}"),
-        &to_flex(xt.grad(&grads).expect("d x")),
-        &rx.grad(&rgrads).expect("d x"),
-        grad,
-    );
-    assert_close(
-        &format!("d gamma {what}"),
-        &to_flex(gt.grad(&grads).expect("d gamma")),
-        &rg.grad(&rgrads).expect("d gamma"),
-        grad,
-    );
+    check_grad(&what, "d x", xt.grad(&grads), rx.grad(&rgrads), grad);
+    check_grad(&what, "d gamma", gt.grad(&grads), rg.grad(&rgrads), grad);
 }
 
 #[test]
@@ -274,19 +254,9 @@ fn check_rope(dims: [usize; 4], offset: usize, dtype: DType) {
     let rgrads = (ry.clone() * on::<4>(&r, &reference, DType::F32, false))
         .sum()
         .backward();
-    assert_eq!(y.dtype(), dtype, "{what}: output dtype");
-    assert_close(
-        &format!("y {what}"),
-        &to_flex(y.detach()),
-        &ry.detach(),
-        tolerance(dtype, Check::Forward),
-    );
-    assert_close(
-        &format!("d x {what}"),
-        &to_flex(xt.grad(&grads).expect("d x")),
-        &rx.grad(&rgrads).expect("d x"),
-        tolerance(dtype, Check::Gradient),
-    );
+    check_output(&what, dtype, y, ry, tolerance(dtype, Check::Forward));
+    let grad = tolerance(dtype, Check::Gradient);
+    check_grad(&what, "d x", xt.grad(&grads), rx.grad(&rgrads), grad);
 }
 
 #[test]
@@ -367,7 +337,6 @@ fn check_cross_entropy(n: usize, vocab: usize, dtype: DType, scale: f64) {
     let rgrads = (rnll.clone() * on::<1>(&w, &reference, DType::F32, false))
         .sum()
         .backward();
-    assert_eq!(nll.dtype(), dtype, "{what}: output dtype");
     let (fwd, grad) = if scale > 10.0 {
         let tol = tolerance(dtype, Check::LargeEvidence);
         (tol, tol)
@@ -377,15 +346,14 @@ fn check_cross_entropy(n: usize, vocab: usize, dtype: DType, scale: f64) {
             tolerance(dtype, Check::Gradient),
         )
     };
-    assert_close(
-        &format!("nll {what}"),
-        &to_flex(nll.detach()),
-        &rnll.detach(),
-        fwd,
+    check_output(&what, dtype, nll, rnll, fwd);
+    check_grad(
+        &what,
+        "d logits",
+        logits.grad(&grads),
+        rlogits.grad(&rgrads),
+        grad,
     );
-    let got = logits.grad(&grads).expect("d logits");
-    let want = rlogits.grad(&rgrads).expect("d logits");
-    assert_close(&format!("d logits {what}"), &to_flex(got), &want, grad);
 }
 
 #[test]

@@ -88,7 +88,7 @@ struct Head<'a> {
 impl<'a> Head<'a> {
     /// Head `bh = b·H + h` of `[B, T, H, D]` inputs, with `p2t` the `[B·H, D, T]` transposes.
     fn new(bh: usize, [p1, p2, info, p2t]: [&'a [f32]; 4], [_, t, h, d]: [usize; 4]) -> Self {
-        let start = ((bh / h) * t * h + bh % h) * d; // (b, 0, h, 0)
+        let start = first_row(bh, t, h) * d;
         Head {
             p1: &p1[start..],
             p2: &p2[start..],
@@ -109,6 +109,12 @@ impl<'a> Head<'a> {
     fn rows<'b>(&self, x: &'b [f32], i0: usize) -> Mat<'b> {
         Mat::rows(&x[i0 * self.ld..], self.ld)
     }
+}
+
+/// The row `(b, 0, h)` of a `[B, T, H, _]` tensor, for head `bh = b·H + h`: where that head's
+/// rows start (row `i` is `H` rows further on per step).
+fn first_row(bh: usize, t: usize, h: usize) -> usize {
+    (bh / h) * t * h + bh % h
 }
 
 /// `(U_ij) = scale P1_i · P2_j` for query rows `i0..i0+n`, key rows `j0..j0+nk`, into the
@@ -213,7 +219,6 @@ fn launch_forward(
                     });
                 });
         });
-    drop((y_rows, ibar_rows, stat_rows));
 
     Forward {
         y: tensor(y, Shape::new(dims), dtype),
@@ -375,12 +380,12 @@ pub(crate) fn backward(
         .enumerate()
         .map(|(bh, ((dp1, dp2), dinfo))| {
             let head = Head::new(bh, [&q, &k, &v, &kt], dims);
-            let start = ((bh / h) * t * h + bh % h) * d; // (b, 0, h, 0)
+            let row = first_row(bh, t, h);
             let saved = Saved {
-                ibar: &ibar[start..],
-                dy: &dy[start..],
+                ibar: &ibar[row * d..],
+                dy: &dy[row * d..],
                 info_t: &vt[bh * d * t..(bh + 1) * d * t],
-                stats: &stats[start / d * STATS..],
+                stats: &stats[row * STATS..],
                 stats_ld: h * STATS,
             };
             vectorized(BackwardHead {
@@ -392,7 +397,6 @@ pub(crate) fn backward(
             })
         })
         .collect();
-    drop((dp1_rows, dp2_rows, dinfo_rows));
     // dlambda = -sum_i dA_i log i, over heads in a fixed order.
     let dlambda = -dlambda_parts.iter().sum::<f64>() as f32;
 
