@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The small-budget comparison of issue 11: Relation (F) vs MHA (A) vs Hybrid (LLLF) and the
+# The small-budget comparison: Relation (F) vs MHA (A) vs Hybrid (LLLF) and the
 # paper's ablations (lambda = 0 frozen, single head, no Givens), three seeds each, on the State of
 # the Union corpus (data/sotu.txt, contiguous split: first 90 % train, next 5 % validation, last
 # 5 % unread), all with the same trainer, tokenizer, data order and validation tokens.
@@ -14,13 +14,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
-# BIN=path/to/relation pins a prebuilt binary (e.g. a copy, so that rebuilding the workspace
-# while the runs go on cannot change the code under them); otherwise build it here.
-if [ -z "${BIN:-}" ]; then
-  cargo build --release -p relation-train --bin relation
-  BIN="$CARGO_TARGET_DIR/release/relation"
-fi
+# shellcheck source=scripts/experiments/lib.sh
+. scripts/experiments/lib.sh
+# BIN=path/to/relation pins a prebuilt binary; otherwise it is built here.
+ensure_bin
 
 VARIANTS="${VARIANTS:-F A LLLF F-lambda0 F-1head F-nogivens}"
 SEEDS="${SEEDS:-0 1 2}"
@@ -49,36 +46,9 @@ variant_flags() {
   esac
 }
 
-for seed in $SEEDS; do
-  for variant in $VARIANTS; do
-    dir="$OUT/$variant-s$seed"
-    done_rows=0
-    [ -f "$dir/metrics.csv" ] && done_rows=$(($(wc -l < "$dir/metrics.csv") - 1))
-    if [ "$done_rows" -ge "$STEPS" ]; then
-      echo "== $dir: finished, skipped"
-      continue
-    fi
-    stop=()
-    [ -n "${STOP_AT:-}" ] && stop=(--stop-at "$STOP_AT")
-    if [ -f "$dir/checkpoints/latest" ]; then
-      echo "== $dir: resuming"
-      "$BIN" train --run-dir "$dir" --resume "${stop[@]}" --no-progress
-    else
-      echo "== $dir: $(variant_flags "$variant") seed $seed"
-      rm -rf "$dir"
-      # shellcheck disable=SC2046 # the variant's flags are words
-      "$BIN" train --run-dir "$dir" $(variant_flags "$variant") --seed "$seed" \
-        "${COMMON[@]}" "${stop[@]}"
-    fi
-  done
-done
+run_grid
 
 # The raw metrics of every run (what the report reads) go into the repository, then the report.
 RAW="${RAW:-docs/results/small/runs}"
-for dir in "$OUT"/*-s*/; do
-  name=$(basename "$dir")
-  [ -f "$dir/metrics.csv" ] || continue
-  mkdir -p "$RAW/$name"
-  cp "$dir/metrics.csv" "$dir/config.json" "$dir/model.json" "$RAW/$name/"
-done
+collect_raw "$RAW"
 "$BIN" report "$RAW" --out docs/results/small

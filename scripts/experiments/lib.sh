@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Shared runner of the experiment grids (sourced by small.sh and budget.sh).
+#
+# The caller sets: BIN (the relation binary), OUT (runs folder), STEPS, SEEDS, VARIANTS, the
+# array COMMON (flags every run shares) and a function variant_flags VARIANT (the variant's own
+# flags). `run_grid` trains every (seed, variant) pair into $OUT/<variant>-s<seed>: a finished run
+# (metrics.csv has STEPS rows) is skipped, an unfinished one resumed bit-exactly from its latest
+# checkpoint, so a grid can be stopped (STOP_AT=N, or a kill) and rerun at will. `ON_FINISH`
+# (optional) names a command run with the run folder after each run that finished.
+
+# Builds the binary unless BIN pins one (a copy, so that rebuilding the workspace while runs go on
+# cannot change the code under them).
+ensure_bin() {
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
+  if [ -z "${BIN:-}" ]; then
+    cargo build --release -p relation-train --bin relation
+    BIN="$CARGO_TARGET_DIR/release/relation"
+  fi
+}
+
+# Rows of a run's metrics.csv (0 when it has none).
+finished_steps() {
+  if [ -f "$1/metrics.csv" ]; then echo $(($(wc -l < "$1/metrics.csv") - 1)); else echo 0; fi
+}
+
+run_grid() {
+  mkdir -p "$OUT"
+  local seed variant dir stop
+  for seed in $SEEDS; do
+    for variant in $VARIANTS; do
+      dir="$OUT/$variant-s$seed"
+      if [ "$(finished_steps "$dir")" -ge "$STEPS" ]; then
+        echo "== $dir: finished, skipped"
+        continue
+      fi
+      stop=()
+      [ -n "${STOP_AT:-}" ] && stop=(--stop-at "$STOP_AT")
+      if [ -f "$dir/checkpoints/latest" ]; then
+        echo "== $dir: resuming"
+        "$BIN" train --run-dir "$dir" --resume "${stop[@]}" --no-progress
+      else
+        echo "== $dir: $(variant_flags "$variant") seed $seed"
+        rm -rf "$dir"
+        # shellcheck disable=SC2046 # the variant's flags are words
+        "$BIN" train --run-dir "$dir" $(variant_flags "$variant") --seed "$seed" \
+          "${COMMON[@]}" "${stop[@]}"
+      fi
+      if [ "$(finished_steps "$dir")" -ge "$STEPS" ] && [ -n "${ON_FINISH:-}" ]; then
+        "$ON_FINISH" "$dir"
+      fi
+    done
+  done
+}
+
+# Copies the raw metrics of every run under $OUT that has any into $1 (what `relation report`
+# reads, and what the repository keeps).
+collect_raw() {
+  local raw="$1" dir name
+  for dir in "$OUT"/*-s*/; do
+    name=$(basename "$dir")
+    [ -f "$dir/metrics.csv" ] || continue
+    mkdir -p "$raw/$name"
+    cp "$dir/metrics.csv" "$dir/config.json" "$dir/model.json" "$raw/$name/"
+  done
+}
