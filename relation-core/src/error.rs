@@ -126,6 +126,16 @@ pub enum RelationError {
         /// Vocabulary size `V` (the logits' last dimension).
         vocab: usize,
     },
+    /// Malformed segment boundaries (`cu_seqlens`) of a packed input.
+    #[error("invalid cu_seqlens ({len} offsets, packed length {total}): {reason}")]
+    InvalidSegments {
+        /// What is wrong, naming the offending offset and value.
+        reason: String,
+        /// The packed length the offsets must end at.
+        total: usize,
+        /// Number of offsets passed (`N + 1`).
+        len: usize,
+    },
 }
 
 /// Result alias of this crate.

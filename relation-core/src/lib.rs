@@ -14,9 +14,11 @@ pub mod error;
 pub mod givens;
 pub mod linear;
 pub mod lm;
+pub mod packed;
 pub mod relation;
 pub mod rng;
 pub mod rope;
+pub mod segments;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -27,11 +29,16 @@ pub use linear::{
     naive_recurrent_linear_relation,
 };
 pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_swiglu};
+pub use packed::{
+    LinearForm, naive_packed_factorized_relation, naive_packed_linear_relation,
+    naive_packed_relation, naive_packed_rope,
+};
 pub use relation::{
     FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
     naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,
 };
-pub use rope::{ROPE_BASE, naive_rope};
+pub use rope::{ROPE_BASE, RopePositions, naive_rope};
+pub use segments::Segments;
 
 /// `tau_S` of the paper: the Self evidence is divided by 2 (fixed, not learned).
 pub const DEFAULT_TAU: f64 = 2.0;

@@ -14,6 +14,7 @@ use burn::tensor::{Tensor, TensorData};
 
 use crate::check;
 use crate::error::{RelationError, Result};
+use crate::segments::Segments;
 
 /// The RoPE base of the paper.
 pub const ROPE_BASE: f64 = 1e4;
@@ -42,14 +43,43 @@ pub fn naive_rope(x: Tensor<4>, offset: usize, base: f64) -> Result<Tensor<4>> {
     Ok(Tensor::cat(vec![rotated_low, rotated_high], 3))
 }
 
+/// Where the `T` rows of a RoPE input sit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RopePositions {
+    /// Positions `offset..offset + T` (every batch row alike).
+    From(usize),
+    /// A packed row: each segment's rows at positions `0..len` of their own.
+    Packed(Segments),
+}
+
+impl RopePositions {
+    /// The position of each of `t` rows.
+    pub fn rows(&self, t: usize) -> Vec<usize> {
+        match self {
+            Self::From(offset) => (*offset..offset + t).collect(),
+            Self::Packed(segments) => segments.local_positions(),
+        }
+    }
+}
+
 /// `(cos φ, sin φ)` of RoPE for positions `offset..offset + t` and head dimension `d`, in f64,
 /// `[T, D/2]` row-major each: `φ = (offset + t) base^(-2k/D)` for pair `k`. The one angle
 /// table of the reference and of every fused kernel.
 pub fn rope_angles(offset: usize, t: usize, d: usize, base: f64) -> (Vec<f64>, Vec<f64>) {
+    rope_angles_at(offset..offset + t, d, base)
+}
+
+/// [`rope_angles`] for any positions, one table row per position.
+pub fn rope_angles_at(
+    positions: impl ExactSizeIterator<Item = usize>,
+    d: usize,
+    base: f64,
+) -> (Vec<f64>, Vec<f64>) {
     let half = d / 2;
+    let t = positions.len();
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
-    for pos in offset..offset + t {
+    for pos in positions {
         for k in 0..half {
             let phase = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
             cos.push(phase.cos());
