@@ -34,15 +34,18 @@ mod strategy;
 mod tile;
 
 pub use error::{KernelError, Result};
-pub use flash_relation::{MAX_HEAD_DIM, flash_relation, flash_relation_with_stats};
+pub use flash_relation::{
+    MAX_HEAD_DIM, flash_relation, flash_relation_packed, flash_relation_packed_with_stats,
+    flash_relation_with_stats,
+};
 pub use linear_relation::{
     CHUNK_SIZES, LinearRelationMode, MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, chunk_linear_relation,
-    fused_recurrent_linear_relation, linear_relation, linear_relation_step,
+    fused_recurrent_linear_relation, linear_relation, linear_relation_packed, linear_relation_step,
 };
 #[cfg(feature = "flex")]
 pub use lm::LmOps;
-pub use lm::{cross_entropy, dense, rms_norm, rope, swiglu};
-pub use ops::RelationOps;
+pub use lm::{cross_entropy, dense, rms_norm, rope, rope_packed, swiglu};
+pub use ops::{FlashParams, RelationOps};
 pub use self_relation::self_relation;
 pub use strategy::{Strategy, has_kernels, is_cube, is_flex};
 

@@ -11,6 +11,8 @@
 
 use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
+use relation_core::Segments;
+
 use crate::LinearRelationMode;
 
 /// Relation operations that have a fused kernel.
@@ -19,7 +21,8 @@ use crate::LinearRelationMode;
 /// [`crate::flash_relation`], [`crate::linear_relation`]…), which check inputs, pick a
 /// [`Strategy`](crate::Strategy), and route devices without kernels to the reference.
 ///
-/// Every method takes the layout `[B, T, H, D]`; `scale = 1 / sqrt(D)`, `inv_tau = 1 / tau_S`.
+/// Every method takes the layout `[B, T, H, D]` (or a packed `[1, total, H, D]` with the
+/// segments in its parameters); FlashRelation's scalars travel in [`FlashParams`].
 #[allow(clippy::type_complexity)] // gradient tuples of backend primitives
 #[backend_extension(
     Cube: cfg(feature = "cube"),
@@ -49,26 +52,24 @@ pub trait RelationOps: Backend {
         p2: FloatTensor<Self>,
         info: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
-        scale: f32,
-        inv_tau: f32,
+        params: FlashParams,
     ) -> FloatTensor<Self>;
 
     /// FlashRelation forward that also returns what the backward needs: `(Y, Ī, stats)` with
     /// `stats` `[B, T, H, 3]` in f32 holding `(L, S, g)` per row (`L_1` is a large negative
     /// sentinel). Not differentiable.
-    #[fusion(meta = |p1, _p2, _info, _lambda, _scale, _inv_tau| (p1.clone(), p1.clone(), stats_spec(p1)))]
+    #[fusion(meta = |p1, _p2, _info, _lambda, _params| (p1.clone(), p1.clone(), stats_spec(p1)))]
     fn flash_relation_fwd(
         p1: FloatTensor<Self>,
         p2: FloatTensor<Self>,
         info: FloatTensor<Self>,
         lambda: FloatTensor<Self>,
-        scale: f32,
-        inv_tau: f32,
+        params: FlashParams,
     ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// FlashRelation backward: `(dp1, dp2, dinfo, dlambda)` from the saved `(Ī, stats)` and `dY`.
     #[allow(clippy::too_many_arguments)]
-    #[fusion(meta = |p1, p2, info, lambda, _ibar, _stats, _dy, _scale, _inv_tau| (p1.clone(), p2.clone(), info.clone(), lambda.clone()))]
+    #[fusion(meta = |p1, p2, info, lambda, _ibar, _stats, _dy, _params| (p1.clone(), p2.clone(), info.clone(), lambda.clone()))]
     fn flash_relation_bwd(
         p1: FloatTensor<Self>,
         p2: FloatTensor<Self>,
@@ -77,8 +78,7 @@ pub trait RelationOps: Backend {
         ibar: FloatTensor<Self>,
         stats: FloatTensor<Self>,
         dy: FloatTensor<Self>,
-        scale: f32,
-        inv_tau: f32,
+        params: FlashParams,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -161,10 +161,9 @@ macro_rules! relation_ops_impl {
                 p2: FloatTensor<Self>,
                 info: FloatTensor<Self>,
                 lambda: FloatTensor<Self>,
-                scale: f32,
-                inv_tau: f32,
+                params: FlashParams,
             ) -> FloatTensor<Self> {
-                let args = (p1, p2, info, lambda, scale, inv_tau);
+                let args = FlashArgs { p1, p2, info, lambda, params };
                 crate::flash_relation::$kernels::forward$(::<$($ty),+>)?(args)
             }
 
@@ -173,10 +172,9 @@ macro_rules! relation_ops_impl {
                 p2: FloatTensor<Self>,
                 info: FloatTensor<Self>,
                 lambda: FloatTensor<Self>,
-                scale: f32,
-                inv_tau: f32,
+                params: FlashParams,
             ) -> FlashForward<Self> {
-                let args = (p1, p2, info, lambda, scale, inv_tau);
+                let args = FlashArgs { p1, p2, info, lambda, params };
                 crate::flash_relation::$kernels::forward_with_stats$(::<$($ty),+>)?(args)
             }
 
@@ -188,11 +186,11 @@ macro_rules! relation_ops_impl {
                 ibar: FloatTensor<Self>,
                 stats: FloatTensor<Self>,
                 dy: FloatTensor<Self>,
-                scale: f32,
-                inv_tau: f32,
+                params: FlashParams,
             ) -> FlashGrads<Self> {
-                let args = (p1, p2, info, lambda, scale, inv_tau);
-                crate::flash_relation::$kernels::backward$(::<$($ty),+>)?(args, ibar, stats, dy)
+                let args = FlashArgs { p1, p2, info, lambda, params };
+                let saved = FlashSaved { ibar, stats, dy };
+                crate::flash_relation::$kernels::backward$(::<$($ty),+>)?(args, saved)
             }
 
             fn linear_relation(
@@ -233,8 +231,44 @@ relation_ops_impl!(
     burn::backend::autodiff::Autodiff<B, C> => autodiff::<B, C>
 );
 
-/// FlashRelation's inputs as the kernels take them: `(p1, p2, info, lambda, scale, inv_tau)`.
-pub(crate) type FlashArgs<T> = (T, T, T, T, f32, f32);
+/// The scalars and the row layout of one FlashRelation call.
+///
+/// Named fields rather than positional scalars: `scale` and `inv_tau` are both `f32`, and a
+/// swapped pair would compute silently wrong results.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FlashParams {
+    /// `1 / sqrt(D)`, the evidence scale.
+    pub scale: f32,
+    /// `1 / tau_S`, the Self temperature's inverse.
+    pub inv_tau: f32,
+    /// `None`: `B` independent sequences of `T` rows. `Some`: one packed row (`B = 1`) of
+    /// segments, each computed alone (see `relation_core::Segments`).
+    pub segments: Option<Segments>,
+}
+
+/// FlashRelation's inputs as the kernels take them.
+pub(crate) struct FlashArgs<T> {
+    /// `P1` after RoPE, `[B, T, H, D]`.
+    pub p1: T,
+    /// `P2` after RoPE, `[B, T, H, D]`.
+    pub p2: T,
+    /// `Ĩ` (Givens-mixed information), `[B, T, H, D]`.
+    pub info: T,
+    /// `lambda`, `[1]`.
+    pub lambda: T,
+    /// Scalars and layout.
+    pub params: FlashParams,
+}
+
+/// What FlashRelation's backward reads besides its inputs.
+pub(crate) struct FlashSaved<T> {
+    /// `Ī`, `[B, T, H, D]`, saved by the forward.
+    pub ibar: T,
+    /// `(L, S, g)` per row, `[B, T, H, 3]` f32, saved by the forward.
+    pub stats: T,
+    /// `dY`, `[B, T, H, D]`.
+    pub dy: T,
+}
 /// Linear Relation's inputs as the kernels take them: `(q, k, v, g, h0)`.
 pub(crate) type LinearArgs<T> = (T, T, T, T, T);
 

@@ -187,3 +187,69 @@ pub fn flash_outputs_and_grads(
     out.push(lambda.grad(&grads).unwrap().into_data());
     out
 }
+
+/// The kernel choices (`(op, path)`, path `"fused"` or `"reference"`) that the entry points
+/// report while `f` runs on this thread: read from the `tracing` event of `Strategy`'s decision
+/// through a subscriber scoped to this call, so other tests running concurrently cannot affect
+/// what one test sees (unlike the process-wide launch counters).
+pub fn kernel_choices<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, String)>) {
+    use std::sync::{Arc, Mutex};
+    use tracing::field::{Field, Visit};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    #[derive(Default)]
+    struct Choice {
+        op: String,
+        path: String,
+    }
+    impl Visit for Choice {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            match field.name() {
+                "op" => self.op = value.to_string(),
+                "path" => self.path = value.to_string(),
+                _ => {}
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            self.record_str(field, format!("{value:?}").trim_matches('"'));
+        }
+    }
+    struct Recorder(Arc<Mutex<Vec<(String, String)>>>);
+    impl Subscriber for Recorder {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &Attributes<'_>) -> Id {
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut choice = Choice::default();
+            event.record(&mut choice);
+            if !choice.path.is_empty() {
+                self.0.lock().unwrap().push((choice.op, choice.path));
+            }
+        }
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let out = tracing::subscriber::with_default(Recorder(seen.clone()), f);
+    let choices = seen.lock().unwrap().clone();
+    (out, choices)
+}
+
+/// Runs `f` and asserts that every kernel choice it made took `path` (and that it made one).
+pub fn assert_path<R>(what: &str, path: &str, f: impl FnOnce() -> R) -> R {
+    let (out, choices) = kernel_choices(f);
+    assert!(!choices.is_empty(), "{what}: no kernel choice was reported");
+    for (op, got) in &choices {
+        assert_eq!(
+            got, path,
+            "{what}: `{op}` took the {got} path, expected {path}"
+        );
+    }
+    out
+}

@@ -15,6 +15,7 @@ mod flash_relation;
 mod flex_threads;
 mod linear_relation;
 mod lm;
+mod packed;
 mod strategy;
 #[cfg(feature = "flex")]
 mod tile;

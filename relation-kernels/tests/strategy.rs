@@ -5,8 +5,10 @@ use burn::tensor::{DType, Device};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, RelationError, naive_self_relation};
 use relation_kernels::{
-    KernelError, Strategy, debug, has_kernels, is_cube, is_flex, launches, self_relation,
+    KernelError, Strategy, debug, has_kernels, is_cube, is_flex, self_relation,
 };
+
+use crate::common::assert_path;
 
 #[test]
 fn flex_has_kernels_and_reference_stays_available() {
@@ -19,19 +21,17 @@ fn flex_has_kernels_and_reference_stays_available() {
     let p2 = uniform([2, 5, 2, 16], 2, 1.0, &device, DType::F32);
     let reference = naive_self_relation(p1.clone(), p2.clone(), DEFAULT_TAU).unwrap();
     let tol = tolerance(DType::F32, Check::Forward);
-    for strategy in [Strategy::Auto, Strategy::Fused, Strategy::Reference] {
-        let before = launches::self_relation();
-        let got = self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, strategy).unwrap();
-        // Other tests launch kernels concurrently, so only "it ran" can be asserted; that
-        // Reference computes the reference is shown by the comparison below.
-        if strategy != Strategy::Reference {
-            assert!(
-                launches::self_relation() > before,
-                "{strategy:?}: no kernel ran"
-            );
-        }
+    // Which path each call took, from its own kernel-choice event (not the process-wide
+    // counters, which other tests move concurrently).
+    for strategy in [Strategy::Auto, Strategy::Fused] {
+        let got = assert_path(&format!("{strategy:?}"), "fused", || {
+            self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, strategy).unwrap()
+        });
         assert_close(&format!("{strategy:?} on flex"), &got, &reference, tol);
     }
+    assert_path("Reference", "reference", || {
+        self_relation(p1.clone(), p2.clone(), DEFAULT_TAU, Strategy::Reference).unwrap()
+    });
     let err = self_relation(p1, p2, -1.0, Strategy::Auto).unwrap_err();
     assert_eq!(
         err,

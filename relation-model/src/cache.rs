@@ -1,4 +1,4 @@
-//! Per-layer caches for incremental decoding (spec §4).
+//! Per-layer caches for incremental decoding (`docs/maths.md#8-the-relation-cache`).
 //!
 //! | mixer | cache kind | cached per past token | fixed per sequence |
 //! |---|---|---|---|

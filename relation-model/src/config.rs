@@ -9,9 +9,9 @@ use crate::error::ModelError;
 /// The mixer of one layer, from a pattern letter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum MixerKind {
-    /// `F`: Full (Self-Exchange) Relation, spec §1–§2.
+    /// `F`: Full (Self-Exchange) Relation, `docs/maths.md#5-multi-head-relation-and-givens-mixing`.
     Full,
-    /// `L`: Linear Relation, spec §3.
+    /// `L`: Linear Relation, `docs/maths.md#6-linear-relation`.
     Linear,
     /// `A`: causal multi-head softmax attention with RoPE (the paper's MHA baseline).
     Attention,
@@ -42,7 +42,7 @@ impl MixerKind {
 ///
 /// Saved as JSON beside checkpoints (`config.save(path)`, `RelationLmConfig::load(path)`, or
 /// `serde_json`). Built like a Burn config: `RelationLmConfig::new(vocab, d, layers, heads, d_ff)`
-/// then `with_…` for any default; the defaults are the paper's (spec §5).
+/// then `with_…` for any default; the defaults are the paper's (`docs/maths.md#10-rope-rmsnorm-and-the-model`).
 ///
 /// Burn's `#[derive(Config)]` would make every field required in JSON; this struct derives serde
 /// itself so that a field added later ([`linear_mode`](Self::linear_mode)) takes its default
@@ -78,7 +78,7 @@ pub struct RelationLmConfig {
     /// keeps it at [`lambda_init`](Self::lambda_init) (with `lambda_init = 0`, the ablation
     /// "no count calibration"). Default: true.
     pub lambda_trainable: bool,
-    /// Givens mixing of the information heads (spec §2) in the Full and Linear Relation layers.
+    /// Givens mixing of the information heads (`docs/maths.md#5-multi-head-relation-and-givens-mixing`) in the Full and Linear Relation layers.
     /// `false` is the ablation "no Givens"; it also lifts the even-head rule, so `n_heads = 1`
     /// is the single-head Relation. Default: true.
     pub givens: bool,
@@ -218,7 +218,7 @@ impl RelationLmConfig {
         self.mixers().map(|_| ())
     }
 
-    /// The paper's configurations (spec §5) and small CPU presets, by name:
+    /// The paper's configurations (`docs/maths.md#10-rope-rmsnorm-and-the-model`) and small CPU presets, by name:
     /// `cpu` (the trainer's default: minutes on two CPU cores), `tiny`, `small` (CPU, minutes),
     /// `10m`, `30m`, `100m`, `hybrid-32m`; append `-mha` for the attention baseline of the same
     /// backbone (e.g. `10m-mha`).

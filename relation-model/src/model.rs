@@ -7,7 +7,7 @@ use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, RmsNorm, RmsNormConfig};
 use burn::store::{ModuleRecord, ModuleSnapshot, SafetensorsStore};
 use burn::tensor::{Device, FloatDType, Int, Tensor};
-use relation_core::WeightLayout;
+use relation_core::{Segments, WeightLayout};
 use relation_kernels::Strategy;
 
 use crate::cache::{LayerCache, LmCache};
@@ -67,6 +67,44 @@ impl Mixer {
             (Self::Retention(m), Some(c)) => m.forward_cached(x, c),
             (Self::Kda(m), None) => m.forward(x),
             (Self::Kda(m), Some(c)) => m.forward_cached(x, c),
+        }
+    }
+}
+
+/// RealFormer's carried scores of a packed forward: one per segment (each segment is its own
+/// sequence of `R` layers).
+type PackedScores = Vec<Option<Tensor<4>>>;
+
+impl Mixer {
+    /// Forward of a packed row of documents (`[1, total, d]`), each document as if alone.
+    ///
+    /// `F` and `L` run their packed kernels over the whole row (one launch per layer on Flex
+    /// for `F`); the attention-like mixers (`A`, `R`, `N`, `K`) run each segment through their
+    /// ordinary forward: block-diagonal causal attention and per-document retention / KDA states,
+    /// exactly, at one call per segment.
+    fn forward_packed(
+        &self,
+        x: Tensor<3>,
+        segments: &Segments,
+        scores: &mut PackedScores,
+    ) -> Result<Tensor<3>> {
+        match self {
+            Self::Full(m) => {
+                scores.iter_mut().for_each(|s| *s = None);
+                m.forward_packed(x, segments)
+            }
+            Self::Linear(m) => {
+                scores.iter_mut().for_each(|s| *s = None);
+                Ok(m.forward_packed(x, segments)?.0)
+            }
+            _ => {
+                let mut parts = Vec::with_capacity(segments.count());
+                for ((start, end), carried) in segments.bounds().zip(scores.iter_mut()) {
+                    let part = x.clone().narrow(1, start, end - start); // [1, len, d]
+                    parts.push(self.forward(part, None, carried)?);
+                }
+                Ok(Tensor::cat(parts, 1)) // [1, total, d]
+            }
         }
     }
 }
@@ -269,6 +307,32 @@ impl RelationLm {
                 + block
                     .mixer
                     .forward(norm(&block.norm_mixer, h)?, None, &mut scores)?;
+            h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
+        }
+        self.logits(h)
+    }
+
+    /// Logits of a packed row of documents: `tokens` `[1, total]` hold `N` documents back to back
+    /// (`segments`, the `cu_seqlens` of the row), and every document is computed exactly as if
+    /// it were alone — positions restart, no token sees another document, recurrent states
+    /// start from zero — so the logits of one document do not depend on the others.
+    ///
+    /// # Shapes
+    /// - `tokens`: `[1, total]`, output: `[1, total, V]`
+    ///
+    /// # Errors
+    /// Segments that do not cover the row (or a batch other than 1); operator errors.
+    pub fn forward_packed(&self, tokens: Tensor<2, Int>, segments: &Segments) -> Result<Tensor<3>> {
+        segments
+            .check_packed("tokens", &tokens.dims())
+            .map_err(relation_kernels::KernelError::from)?;
+        let mut h = self.embedding.forward(tokens); // [1, total, d]
+        let mut scores: PackedScores = vec![None; segments.count()];
+        for block in &self.blocks {
+            h = h.clone()
+                + block
+                    .mixer
+                    .forward_packed(norm(&block.norm_mixer, h)?, segments, &mut scores)?;
             h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
         }
         self.logits(h)

@@ -12,15 +12,15 @@ use burn::backend::{
 };
 
 use crate::RelationOps;
-use crate::ops::{FlashArgs, FlashForward, FlashGrads};
+use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 
 /// The fused backward: [`RelationOps::flash_relation_bwd`] from the saved `(Ī, stats)`.
 #[derive(Debug)]
 struct FlashRelationBackward;
 
 /// What the forward leaves for the backward: the four input nodes (checkpointed), `Ī`, the
-/// per-row statistics, `scale`, `1 / tau`.
-type Saved<B> = ([NodeId; 4], FloatTensor<B>, FloatTensor<B>, f32, f32);
+/// per-row statistics and the call's parameters.
+type Saved<B> = ([NodeId; 4], FloatTensor<B>, FloatTensor<B>, FlashParams);
 
 impl<B: RelationOps> Backward<B, 4> for FlashRelationBackward {
     type State = Saved<B>;
@@ -32,11 +32,11 @@ impl<B: RelationOps> Backward<B, 4> for FlashRelationBackward {
         checkpointer: &mut Checkpointer,
     ) {
         let dy = grads.consume::<B>(&ops.node);
-        let (ids, ibar, stats, scale, inv_tau) = ops.state;
+        let (ids, ibar, stats, params) = ops.state;
         let [p1, p2, info, lambda] =
             ids.map(|id| checkpointer.retrieve_node_output::<FloatTensor<B>>(id));
         let (dp1, dp2, dinfo, dlambda) =
-            B::flash_relation_bwd(p1, p2, info, lambda, ibar, stats, dy, scale, inv_tau);
+            B::flash_relation_bwd(p1, p2, info, lambda, ibar, stats, dy, params);
         for (node, grad) in ops.parents.into_iter().zip([dp1, dp2, dinfo, dlambda]) {
             if let Some(node) = node {
                 grads.register::<B>(node.id, grad);
@@ -48,7 +48,13 @@ impl<B: RelationOps> Backward<B, 4> for FlashRelationBackward {
 /// [`RelationOps::flash_relation`] for `Autodiff<B, C>`: tracked, it runs the forward that keeps
 /// the statistics and registers the fused backward; untracked, the plain forward.
 pub(crate) fn forward<B: RelationOps, C: CheckpointStrategy>(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FloatTensor<Autodiff<B, C>>>,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<FloatTensor<Autodiff<B, C>>>,
 ) -> FloatTensor<Autodiff<B, C>> {
     let guards = [p1.node(), p2.node(), info.node(), lambda.node()];
     match FlashRelationBackward
@@ -63,18 +69,16 @@ pub(crate) fn forward<B: RelationOps, C: CheckpointStrategy>(
                 p2.into_primitive(),
                 info.into_primitive(),
                 lambda.into_primitive(),
-                scale,
-                inv_tau,
+                params.clone(),
             );
-            prep.finish((ids, ibar, stats, scale, inv_tau), y)
+            prep.finish((ids, ibar, stats, params), y)
         }
         OpsKind::UnTracked(prep) => prep.finish(B::flash_relation(
             p1.into_primitive(),
             p2.into_primitive(),
             info.into_primitive(),
             lambda.into_primitive(),
-            scale,
-            inv_tau,
+            params,
         )),
     }
 }
@@ -82,10 +86,16 @@ pub(crate) fn forward<B: RelationOps, C: CheckpointStrategy>(
 /// [`RelationOps::flash_relation_fwd`] for `Autodiff<B, C>`: not differentiable on its own, the
 /// outputs are constants of the graph.
 pub(crate) fn forward_with_stats<B: RelationOps, C: CheckpointStrategy>(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FloatTensor<Autodiff<B, C>>>,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<FloatTensor<Autodiff<B, C>>>,
 ) -> FlashForward<Autodiff<B, C>> {
     let [p1, p2, info, lambda] = [p1, p2, info, lambda].map(|x| x.into_primitive());
-    let (y, ibar, stats) = B::flash_relation_fwd(p1, p2, info, lambda, scale, inv_tau);
+    let (y, ibar, stats) = B::flash_relation_fwd(p1, p2, info, lambda, params);
     (
         FloatTensor::<Autodiff<B, C>>::new(y),
         FloatTensor::<Autodiff<B, C>>::new(ibar),
@@ -95,14 +105,18 @@ pub(crate) fn forward_with_stats<B: RelationOps, C: CheckpointStrategy>(
 
 /// [`RelationOps::flash_relation_bwd`] for `Autodiff<B, C>`: the inner backend's, untracked.
 pub(crate) fn backward<B: RelationOps, C: CheckpointStrategy>(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FloatTensor<Autodiff<B, C>>>,
-    ibar: FloatTensor<Autodiff<B, C>>,
-    stats: FloatTensor<Autodiff<B, C>>,
-    dy: FloatTensor<Autodiff<B, C>>,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<FloatTensor<Autodiff<B, C>>>,
+    FlashSaved { ibar, stats, dy }: FlashSaved<FloatTensor<Autodiff<B, C>>>,
 ) -> FlashGrads<Autodiff<B, C>> {
     let [p1, p2, info, lambda, ibar, stats, dy] =
         [p1, p2, info, lambda, ibar, stats, dy].map(|x| x.into_primitive());
-    let grads = B::flash_relation_bwd(p1, p2, info, lambda, ibar, stats, dy, scale, inv_tau);
+    let grads = B::flash_relation_bwd(p1, p2, info, lambda, ibar, stats, dy, params);
     let wrap = FloatTensor::<Autodiff<B, C>>::new;
     (wrap(grads.0), wrap(grads.1), wrap(grads.2), wrap(grads.3))
 }

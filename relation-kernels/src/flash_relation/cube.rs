@@ -1,4 +1,4 @@
-//! FlashRelation: the fused Self-Exchange Relation forward and backward (spec §1.2–§1.3).
+//! FlashRelation: the fused Self-Exchange Relation forward and backward (`docs/maths.md#3-flashrelation-forward`).
 //!
 //! # Forward
 //!
@@ -57,9 +57,9 @@ use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 pub(crate) use super::cube_backward::backward;
-use super::{NO_HISTORY_LSE, STATS};
+use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
-use crate::ops::{FlashArgs, FlashForward};
+use crate::ops::{FlashArgs, FlashForward, FlashParams};
 use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, head_of, load_head_rows};
 
 #[cube]
@@ -176,9 +176,9 @@ fn flash_relation_fwd_kernel<F: Float>(
             }
         }
         let srow = (at.batch * at.seq * at.heads + i * at.heads + at.head) * STATS;
-        stats[srow] = lse;
-        stats[srow + 1] = s;
-        stats[srow + 2] = g;
+        stats[srow + stat::LSE] = lse;
+        stats[srow + stat::SELF] = s;
+        stats[srow + stat::SHARE] = g;
     }
 }
 
@@ -193,15 +193,22 @@ struct Forward {
 
 /// Launches the forward kernel on contiguous inputs.
 fn launch_forward(
-    p1: CubeTensor,
-    p2: CubeTensor,
-    info: CubeTensor,
-    lambda: CubeTensor,
-    scale: f32,
-    inv_tau: f32,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<CubeTensor>,
     save_ibar: bool,
 ) -> Forward {
     launches::record(&launches::FLASH_RELATION_FWD);
+    let FlashParams {
+        scale,
+        inv_tau,
+        segments,
+    } = params;
+    assert_unpacked(segments.as_ref());
     let (p1, p2, info, lambda) = (
         into_contiguous(p1),
         into_contiguous(p2),
@@ -242,15 +249,24 @@ fn launch_forward(
 }
 
 /// [`RelationOps::flash_relation`](crate::RelationOps::flash_relation) on CubeCL: `Y` only.
-pub(crate) fn forward((p1, p2, info, lambda, scale, inv_tau): FlashArgs<CubeTensor>) -> CubeTensor {
-    launch_forward(p1, p2, info, lambda, scale, inv_tau, false).y
+pub(crate) fn forward(args: FlashArgs<CubeTensor>) -> CubeTensor {
+    launch_forward(args, false).y
 }
 
 /// [`RelationOps::flash_relation_fwd`](crate::RelationOps::flash_relation_fwd) on CubeCL:
 /// `(Y, Ī, stats)`.
-pub(crate) fn forward_with_stats(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<CubeTensor>,
-) -> FlashForward<CubeBackend> {
-    let out = launch_forward(p1, p2, info, lambda, scale, inv_tau, true);
+pub(crate) fn forward_with_stats(args: FlashArgs<CubeTensor>) -> FlashForward<CubeBackend> {
+    let out = launch_forward(args, true);
     (out.y, out.ibar, out.stats)
+}
+
+/// The CubeCL kernels take unpacked `[B, T, H, D]` inputs only: the Tensor-level entry points
+/// send packed calls on CubeCL devices to the reference, so a segment table here is a caller
+/// that bypassed them.
+pub(super) fn assert_unpacked(segments: Option<&relation_core::Segments>) {
+    assert!(
+        segments.is_none(),
+        "FlashRelation's CubeCL kernels do not take packed segments yet; call \
+         relation_kernels::flash_relation_packed, which routes them to the reference"
+    );
 }

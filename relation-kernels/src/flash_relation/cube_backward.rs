@@ -7,14 +7,21 @@ use burn::tensor::{DType, Shape, Slice};
 use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::STATS;
 use super::cube::sigmoid;
+use super::{STATS, stat};
 use crate::launches;
-use crate::ops::{FlashArgs, FlashGrads};
+use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, head_of, load_head_rows, load_rows};
 
-/// Channels of the backward row tensor `[B, T, H, ROWS]`: `L`, `S`, `g`, `dA`, `D`, `dA log i`.
+/// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
+/// (at their [`stat`] channels), then:
 const ROWS: usize = 6;
+/// `dA_i = (dY_i · (Ī_i - Ĩ_i)) g_i (1 - g_i)`.
+const ROW_DA: usize = 3;
+/// `D_i = dĪ_i · Ī_i = g_i dY_i · Ī_i`.
+const ROW_D: usize = 4;
+/// `dA_i log i`, summed into `dlambda`.
+const ROW_DA_LOG_I: usize = 5;
 
 /// Per row: `dA = (dY · (Ī - Ĩ)) g (1 - g)`, `D = g dY · Ī`, `dA log i`; copies `L, S, g`.
 #[cube(launch)]
@@ -34,7 +41,7 @@ fn flash_relation_prepass_kernel<F: Float>(
     if r < seq * heads * info.shape(0) {
         let t = (r / heads) % seq;
         let base = r * head_dim;
-        let g = stats[r * STATS + 2];
+        let g = stats[r * STATS + stat::SHARE];
         let mut dg = f32::new(0.0);
         let mut dd = f32::new(0.0);
         #[unroll]
@@ -45,12 +52,12 @@ fn flash_relation_prepass_kernel<F: Float>(
             dd += gy * ib;
         }
         let da = dg * g * (1.0f32 - g);
-        rows[r * ROWS] = stats[r * STATS];
-        rows[r * ROWS + 1] = stats[r * STATS + 1];
-        rows[r * ROWS + 2] = g;
-        rows[r * ROWS + 3] = da;
-        rows[r * ROWS + 4] = g * dd;
-        rows[r * ROWS + 5] = da * f32::cast_from(t + 1).ln();
+        rows[r * ROWS + stat::LSE] = stats[r * STATS + stat::LSE];
+        rows[r * ROWS + stat::SELF] = stats[r * STATS + stat::SELF];
+        rows[r * ROWS + stat::SHARE] = g;
+        rows[r * ROWS + ROW_DA] = da;
+        rows[r * ROWS + ROW_D] = g * dd;
+        rows[r * ROWS + ROW_DA_LOG_I] = da * f32::cast_from(t + 1).ln();
     }
 }
 
@@ -81,8 +88,8 @@ fn flash_relation_dq_kernel<F: Float>(
     let mut offset = f32::new(0.0); // dA_i - D_i
     let ridx = (at.batch * at.seq * at.heads + i * at.heads + at.head) * ROWS;
     if in_range {
-        lse = rows[ridx];
-        offset = rows[ridx + 3] - rows[ridx + 4];
+        lse = rows[ridx + stat::LSE];
+        offset = rows[ridx + ROW_DA] - rows[ridx + ROW_D];
     }
     #[unroll]
     for d in 0..head_dim {
@@ -91,7 +98,8 @@ fn flash_relation_dq_kernel<F: Float>(
         acc[d] = 0.0f32;
         if in_range {
             q[d] = f32::cast_from(p1[at.base + i * at.row_stride + d]) * scale;
-            dibar[d] = f32::cast_from(dy[at.base + i * at.row_stride + d]) * rows[ridx + 2];
+            dibar[d] =
+                f32::cast_from(dy[at.base + i * at.row_stride + d]) * rows[ridx + stat::SHARE];
         }
     }
 
@@ -135,8 +143,8 @@ fn flash_relation_dq_kernel<F: Float>(
     if in_range {
         let row = at.base + i * at.row_stride;
         // Diagonal: dU_ii = dS S (1 - S) / tau with dS = -dA.
-        let s = rows[ridx + 1];
-        let du_self = -rows[ridx + 3] * s * (1.0f32 - s) * inv_tau;
+        let s = rows[ridx + stat::SELF];
+        let du_self = -rows[ridx + ROW_DA] * s * (1.0f32 - s) * inv_tau;
         #[unroll]
         for d in 0..head_dim {
             let k_self = f32::cast_from(p2[row + d]);
@@ -210,7 +218,7 @@ fn flash_relation_dkdv_kernel<F: Float>(
             if i < at.seq {
                 let ridx = (at.rows_base + i * at.heads) * ROWS;
                 gv = f32::cast_from(dy[at.base + i * at.row_stride + idx % head_dim])
-                    * rows[ridx + 2]; // dĪ_i
+                    * rows[ridx + stat::SHARE]; // dĪ_i
             }
             g_tile[idx] = gv;
             idx += block_q;
@@ -222,8 +230,8 @@ fn flash_relation_dkdv_kernel<F: Float>(
             let mut offset = f32::new(0.0);
             if i < at.seq {
                 let ridx = (at.rows_base + i * at.heads) * ROWS;
-                lse = rows[ridx];
-                offset = rows[ridx + 3] - rows[ridx + 4];
+                lse = rows[ridx + stat::LSE];
+                offset = rows[ridx + ROW_DA] - rows[ridx + ROW_D];
             }
             r_tile[idx * 2] = lse;
             r_tile[idx * 2 + 1] = offset;
@@ -258,9 +266,9 @@ fn flash_relation_dkdv_kernel<F: Float>(
     if in_range {
         let row = at.base + j * at.row_stride;
         let ridx = (at.rows_base + j * at.heads) * ROWS;
-        let g = rows[ridx + 2];
-        let s = rows[ridx + 1];
-        let du_self = -rows[ridx + 3] * s * (1.0f32 - s) * inv_tau;
+        let g = rows[ridx + stat::SHARE];
+        let s = rows[ridx + stat::SELF];
+        let du_self = -rows[ridx + ROW_DA] * s * (1.0f32 - s) * inv_tau;
         #[unroll]
         for d in 0..head_dim {
             let q_self = f32::cast_from(p1[row + d]) * scale;
@@ -275,7 +283,7 @@ struct Gradients {
     pub p1: CubeTensor,
     pub p2: CubeTensor,
     pub info: CubeTensor,
-    /// `[B, T, H, 6]` f32 rows; channel 5 holds `dA_i log i` (so `dlambda = -sum` of it).
+    /// `[B, T, H, 6]` f32 rows; channel `ROW_DA_LOG_I` holds `dA_i log i` (so `dlambda = -sum` of it).
     pub rows: CubeTensor,
 }
 
@@ -371,15 +379,25 @@ fn launch_backward(
 /// [`RelationOps::flash_relation_bwd`](crate::RelationOps::flash_relation_bwd) on CubeCL:
 /// `(dp1, dp2, dinfo, dlambda)`.
 pub(crate) fn backward(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<CubeTensor>,
-    ibar: CubeTensor,
-    stats: CubeTensor,
-    dy: CubeTensor,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<CubeTensor>,
+    FlashSaved { ibar, stats, dy }: FlashSaved<CubeTensor>,
 ) -> FlashGrads<CubeBackend> {
     type B = CubeBackend;
+    let FlashParams {
+        scale,
+        inv_tau,
+        segments,
+    } = params;
+    super::cube::assert_unpacked(segments.as_ref());
     let lambda_dtype = lambda.dtype;
     let grads = launch_backward(p1, p2, info, ibar, stats, dy, scale, inv_tau);
-    // dlambda = -sum_i dA_i log i: channel 5 of the per-row tensor, reduced by Burn.
+    // dlambda = -sum_i dA_i log i: channel `ROW_DA_LOG_I` of the per-row tensor, reduced by Burn.
     let dims = grads.rows.meta.shape().clone();
     let weighted = B::float_slice(
         grads.rows,
@@ -387,7 +405,7 @@ pub(crate) fn backward(
             Slice::from(0..dims[0]),
             Slice::from(0..dims[1]),
             Slice::from(0..dims[2]),
-            Slice::from(5..6),
+            Slice::from(ROW_DA_LOG_I..ROW_DA_LOG_I + 1),
         ],
     ); // [B, T, H, 1]
     let dlambda = B::float_neg(B::float_reshape(B::float_sum(weighted), Shape::new([1])));

@@ -1,4 +1,4 @@
-//! FlashRelation on Flex: the fused forward and backward of spec §1.2–§1.3 on the CPU, the same
+//! FlashRelation on Flex: the fused forward and backward of `docs/maths.md#3-flashrelation-forward` on the CPU, the same
 //! maths as `cube.rs` beside this file.
 //!
 //! # Forward
@@ -47,13 +47,14 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
 
-use super::{NO_HISTORY_LSE, STATS};
+use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
-use crate::ops::{FlashArgs, FlashForward, FlashGrads};
+use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::flex::{
     Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, max_of, output,
     read_f32, sigmoid, sum_of, tensor, transpose_heads, vectorized,
 };
+use crate::tile::{Sequence, sequences};
 
 /// Query rows per task (forward) and per block (backward).
 const BLOCK_Q: usize = 64;
@@ -86,14 +87,22 @@ struct Head<'a> {
 }
 
 impl<'a> Head<'a> {
-    /// Head `bh = b·H + h` of `[B, T, H, D]` inputs, with `p2t` the `[B·H, D, T]` transposes.
-    fn new(bh: usize, [p1, p2, info, p2t]: [&'a [f32]; 4], [_, t, h, d]: [usize; 4]) -> Self {
-        let start = first_row(bh, t, h) * d;
+    /// Head `hi` of sequence `seq` of `[B, T, H, D]` inputs, with `p2t` their
+    /// [`transpose_heads`].
+    fn new(
+        seq: Sequence,
+        hi: usize,
+        h: usize,
+        [p1, p2, info, p2t]: [&'a [f32]; 4],
+        d: usize,
+    ) -> Self {
+        let start = first_row(seq, hi, h) * d;
+        let t = seq.len;
         Head {
             p1: &p1[start..],
             p2: &p2[start..],
             info: &info[start..],
-            p2t: &p2t[bh * d * t..(bh + 1) * d * t],
+            p2t: head_t(p2t, seq, hi, h, d),
             ld: h * d,
             t,
             d,
@@ -111,10 +120,16 @@ impl<'a> Head<'a> {
     }
 }
 
-/// The row `(b, 0, h)` of a `[B, T, H, _]` tensor, for head `bh = b·H + h`: where that head's
-/// rows start (row `i` is `H` rows further on per step).
-fn first_row(bh: usize, t: usize, h: usize) -> usize {
-    (bh / h) * t * h + bh % h
+/// The first row of head `hi` of sequence `seq` among the `B·T·H` rows of a `[B, T, H, _]`
+/// tensor (row `i` of that head is `H` rows further on per step).
+fn first_row(seq: Sequence, hi: usize, h: usize) -> usize {
+    seq.start * h + hi
+}
+
+/// Head `hi` of sequence `seq` in a [`transpose_heads`] buffer: `[D, len]`.
+fn head_t(xt: &[f32], seq: Sequence, hi: usize, h: usize, d: usize) -> &[f32] {
+    let start = (seq.start * h + hi * seq.len) * d;
+    &xt[start..start + d * seq.len]
 }
 
 /// `(U_ij) = scale P1_i · P2_j` for query rows `i0..i0+n`, key rows `j0..j0+nk`, into the
@@ -146,33 +161,37 @@ fn diagonal(i0: usize, j0: usize, part: Triangle) -> Triangle {
 }
 
 /// [`RelationOps::flash_relation`](crate::RelationOps::flash_relation) on Flex: `Y` only.
-pub(crate) fn forward((p1, p2, info, lambda, scale, inv_tau): FlashArgs<FlexTensor>) -> FlexTensor {
-    launch_forward(p1, p2, info, lambda, scale, inv_tau, false).y
+pub(crate) fn forward(args: FlashArgs<FlexTensor>) -> FlexTensor {
+    launch_forward(args, false).y
 }
 
 /// [`RelationOps::flash_relation_fwd`](crate::RelationOps::flash_relation_fwd) on Flex:
 /// `(Y, Ī, stats)`.
-pub(crate) fn forward_with_stats(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FlexTensor>,
-) -> FlashForward<Flex> {
-    let out = launch_forward(p1, p2, info, lambda, scale, inv_tau, true);
+pub(crate) fn forward_with_stats(args: FlashArgs<FlexTensor>) -> FlashForward<Flex> {
+    let out = launch_forward(args, true);
     (out.y, out.ibar, out.stats)
 }
 
 /// FlashRelation forward (see the module docs).
 ///
 /// # Shapes
-/// - `p1`, `p2`, `info`: `[B, T, H, D]`; `lambda`: `[1]`
+/// - `p1`, `p2`, `info`: `[B, T, H, D]` (packed: `B = 1`); `lambda`: `[1]`
 /// - outputs as [`Forward`]
 fn launch_forward(
-    p1: FlexTensor,
-    p2: FlexTensor,
-    info: FlexTensor,
-    lambda: FlexTensor,
-    scale: f32,
-    inv_tau: f32,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<FlexTensor>,
     save_ibar: bool,
 ) -> Forward {
+    let FlashParams {
+        scale,
+        inv_tau,
+        segments,
+    } = params;
     launches::record(&launches::FLASH_RELATION_FWD);
     let dims = dims4(&p1);
     tracing::trace!(
@@ -184,24 +203,25 @@ fn launch_forward(
     );
     let [b, t, h, d] = dims;
     let stat_dims = [b, t, h, STATS];
+    let seqs = sequences(b, t, segments.as_ref());
     let dtype = p1.dtype();
     let lambda = read_f32(&lambda)[0];
     let (q, k, v) = (f32_data(&p1), f32_data(&p2), f32_data(&info)); // [B, T, H, D]
-    let kt = transpose_heads(&k, dims); // [B·H, D, T]
+    let kt = transpose_heads(&k, &seqs, h, d); // per (sequence, head): [D, len]
 
     let mut y = output(b * t * h * d); // [B, T, H, D]
     let mut ibar = output(b * t * h * d); // [B, T, H, D]
     let mut stats = output(b * t * h * STATS); // [B, T, H, 3]
-    let mut y_rows = head_rows(&mut y, dims); // [B·H][T] rows of D
-    let mut ibar_rows = head_rows(&mut ibar, dims);
-    let mut stat_rows = head_rows(&mut stats, stat_dims); // [B·H][T] rows of 3
+    let mut y_rows = head_rows(&mut y, &seqs, h, d); // [N·H][len] rows of D
+    let mut ibar_rows = head_rows(&mut ibar, &seqs, h, d);
+    let mut stat_rows = head_rows(&mut stats, &seqs, h, STATS); // [N·H][len] rows of 3
     y_rows
         .par_iter_mut()
         .zip(ibar_rows.par_iter_mut())
         .zip(stat_rows.par_iter_mut())
         .enumerate()
-        .for_each(|(bh, ((y, ibar), stats))| {
-            let head = Head::new(bh, [&q, &k, &v, &kt], dims);
+        .for_each(|(nh, ((y, ibar), stats))| {
+            let head = Head::new(seqs[nh / h], nh % h, h, [&q, &k, &v, &kt], d);
             y.par_chunks_mut(BLOCK_Q)
                 .zip(ibar.par_chunks_mut(BLOCK_Q))
                 .zip(stats.par_chunks_mut(BLOCK_Q))
@@ -343,7 +363,8 @@ fn forward_block(
             *ibar *= inv_l;
             *y = v + g * (*ibar - v);
         }
-        rows.stats[r].copy_from_slice(&[lse, s, g]);
+        let out = &mut rows.stats[r];
+        (out[stat::LSE], out[stat::SELF], out[stat::SHARE]) = (lse, s, g);
     }
 }
 
@@ -353,38 +374,53 @@ fn forward_block(
 /// - `p1`, `p2`, `info`, `ibar`, `dy`: `[B, T, H, D]`; `lambda`: `[1]`; `stats`: `[B, T, H, 3]`
 /// - outputs: like `p1`, `p2`, `info`, `lambda`
 pub(crate) fn backward(
-    (p1, p2, info, lambda, scale, inv_tau): FlashArgs<FlexTensor>,
-    ibar: FlexTensor,
-    stats: FlexTensor,
-    dy: FlexTensor,
+    FlashArgs {
+        p1,
+        p2,
+        info,
+        lambda,
+        params,
+    }: FlashArgs<FlexTensor>,
+    FlashSaved { ibar, stats, dy }: FlashSaved<FlexTensor>,
 ) -> FlashGrads<Flex> {
     launches::record(&launches::FLASH_RELATION_BWD);
+    let FlashParams {
+        scale,
+        inv_tau,
+        segments,
+    } = params;
     let dims = dims4(&p1);
     let [b, t, h, d] = dims;
+    let seqs = sequences(b, t, segments.as_ref());
     let dtype = p1.dtype();
     let lambda_dtype = lambda.dtype();
     let (q, k, v) = (f32_data(&p1), f32_data(&p2), f32_data(&info)); // [B, T, H, D]
     let (ibar, dy, stats) = (f32_data(&ibar), f32_data(&dy), f32_data(&stats)); // [B, T, H, D|3]
-    let (kt, vt) = (transpose_heads(&k, dims), transpose_heads(&v, dims)); // [B·H, D, T]
+    // Per (sequence, head): [D, len].
+    let (kt, vt) = (
+        transpose_heads(&k, &seqs, h, d),
+        transpose_heads(&v, &seqs, h, d),
+    );
 
     let mut dp1 = output(b * t * h * d); // [B, T, H, D]
     let mut dp2 = output(b * t * h * d);
     let mut dinfo = output(b * t * h * d);
-    let mut dp1_rows = head_rows(&mut dp1, dims); // [B·H][T] rows of D
-    let mut dp2_rows = head_rows(&mut dp2, dims);
-    let mut dinfo_rows = head_rows(&mut dinfo, dims);
+    let mut dp1_rows = head_rows(&mut dp1, &seqs, h, d); // [N·H][len] rows of D
+    let mut dp2_rows = head_rows(&mut dp2, &seqs, h, d);
+    let mut dinfo_rows = head_rows(&mut dinfo, &seqs, h, d);
     let dlambda_parts: Vec<f64> = dp1_rows
         .par_iter_mut()
         .zip(dp2_rows.par_iter_mut())
         .zip(dinfo_rows.par_iter_mut())
         .enumerate()
-        .map(|(bh, ((dp1, dp2), dinfo))| {
-            let head = Head::new(bh, [&q, &k, &v, &kt], dims);
-            let row = first_row(bh, t, h);
+        .map(|(nh, ((dp1, dp2), dinfo))| {
+            let (seq, hi) = (seqs[nh / h], nh % h);
+            let head = Head::new(seq, hi, h, [&q, &k, &v, &kt], d);
+            let row = first_row(seq, hi, h);
             let saved = Saved {
                 ibar: &ibar[row * d..],
                 dy: &dy[row * d..],
-                info_t: &vt[bh * d * t..(bh + 1) * d * t],
+                info_t: head_t(&vt, seq, hi, h, d),
                 stats: &stats[row * STATS..],
                 stats_ld: h * STATS,
             };
@@ -420,10 +456,9 @@ struct Saved<'a> {
 }
 
 impl Saved<'_> {
-    /// `(L_i, S_i, g_i)`.
-    fn stats(&self, i: usize) -> [f32; STATS] {
-        let at = i * self.stats_ld;
-        [self.stats[at], self.stats[at + 1], self.stats[at + 2]]
+    /// Row `i`'s statistics, indexed by the [`stat`] channels.
+    fn stats(&self, i: usize) -> &[f32] {
+        &self.stats[i * self.stats_ld..i * self.stats_ld + STATS]
     }
 }
 
@@ -463,7 +498,7 @@ fn backward_head(
     let mut d_row = vec![0.0f32; t];
     let mut weighted = 0.0f64;
     for i in 0..t {
-        let s_g = saved.stats(i)[2];
+        let s_g = saved.stats(i)[stat::SHARE];
         let (dy, ibar, info) = (
             head.row(saved.dy, i),
             head.row(saved.ibar, i),
@@ -511,7 +546,7 @@ fn backward_head(
             );
             for r in 0..n {
                 let i = i0 + r;
-                let [lse, s, _] = saved.stats(i);
+                let (lse, s) = (saved.stats(i)[stat::LSE], saved.stats(i)[stat::SELF]);
                 let (u_row, p_row) = (
                     &mut u[r * BLOCK_K..r * BLOCK_K + nk],
                     &mut dp[r * BLOCK_K..r * BLOCK_K + nk],

@@ -9,14 +9,26 @@ mod cube_backward;
 pub(crate) mod flex;
 
 use burn::backend::Dispatch;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{Int, Tensor, TensorData};
 use relation_core::{
-    FactorizedRelation, RelationStats, check, naive_factorized_relation, naive_parallel_relation,
+    FactorizedRelation, RelationStats, Segments, check, naive_factorized_relation,
+    naive_packed_factorized_relation, naive_packed_relation, naive_parallel_relation,
 };
 
-use crate::{KernelError, RelationOps, Result, Strategy};
+use crate::{FlashParams, KernelError, RelationOps, Result, Strategy};
 
-/// Channels of the forward statistics tensor `[B, T, H, STATS]` (f32): `L`, `S`, `g`.
+/// Channels of the forward statistics tensor `[B, T, H, STATS]` (f32), shared by the CubeCL
+/// and Flex kernels and the entry points.
+pub(crate) mod stat {
+    /// `L_i = logsumexp_{j<i} E_ij` (the sentinel [`NO_HISTORY_LSE`](super::NO_HISTORY_LSE) on a
+    /// sequence's first row).
+    pub(crate) const LSE: usize = 0;
+    /// `S_i`, the Self relation.
+    pub(crate) const SELF: usize = 1;
+    /// `g_i`, the Exchange share.
+    pub(crate) const SHARE: usize = 2;
+}
+/// Channels per row of the statistics tensor.
 #[allow(dead_code)] // used by the kernels only
 pub(crate) const STATS: usize = 3;
 /// Stored in place of `L_1 = -inf` (row 1 has no Exchange); never read by the backward.
@@ -27,8 +39,7 @@ pub(crate) const NO_HISTORY_LSE: f32 = -1.0e30;
 pub const MAX_HEAD_DIM: usize = 256;
 
 struct Checked {
-    scale: f32,
-    inv_tau: f32,
+    params: FlashParams,
     fused: bool,
 }
 
@@ -38,12 +49,20 @@ fn checked(
     info: &Tensor<4>,
     lambda: &Tensor<1>,
     tau: f64,
+    segments: Option<&Segments>,
     strategy: Strategy,
 ) -> Result<Checked> {
     let dims = check::relation_inputs(p1, p2, info, tau)?;
     check::exact_shape("lambda", lambda, "[1]", [1])?;
     check::same_device("lambda", lambda, p1)?;
-    let fused = strategy.use_fused("flash_relation", &p1.device())?;
+    let fused = match segments {
+        None => strategy.use_fused("flash_relation", &p1.device())?,
+        Some(segments) => {
+            segments.check_packed("p1", &p1.dims())?;
+            // Packed rows have fused kernels on Flex; CubeCL devices use the reference.
+            strategy.use_fused_flex("flash_relation (packed)", &p1.device())?
+        }
+    };
     if fused && dims.head_dim > MAX_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
             op: "flash_relation",
@@ -52,18 +71,21 @@ fn checked(
         });
     }
     Ok(Checked {
-        scale: (1.0 / (dims.head_dim as f64).sqrt()) as f32,
-        inv_tau: (1.0 / tau) as f32,
+        params: FlashParams {
+            scale: (1.0 / (dims.head_dim as f64).sqrt()) as f32,
+            inv_tau: (1.0 / tau) as f32,
+            segments: segments.cloned(),
+        },
         fused,
     })
 }
 
-/// Self-Exchange Relation (spec §1) with the fused FlashRelation kernel where available.
+/// Self-Exchange Relation with the fused FlashRelation kernel where available.
 ///
-/// On CubeCL devices ([`Strategy::Auto`] or [`Strategy::Fused`]) one kernel computes `Y` without
-/// any `T x T` buffer, and, under autodiff, a fused backward gives gradients for `p1`, `p2`,
-/// `info` and `lambda` from `O(T D)` saved state. Elsewhere (or with [`Strategy::Reference`]) it
-/// is `relation_core::naive_parallel_relation`.
+/// On CubeCL and Flex devices ([`Strategy::Auto`] or [`Strategy::Fused`]) one kernel computes `Y`
+/// without any `T x T` buffer, and, under autodiff, a fused backward gives gradients for `p1`,
+/// `p2`, `info` and `lambda` from `O(T D)` saved state. Elsewhere (or with
+/// [`Strategy::Reference`]) it is `relation_core::naive_parallel_relation`.
 ///
 /// `lambda` may have another float dtype than the inputs (the paper keeps it in f32); it is cast
 /// to the inputs' dtype, differentiably.
@@ -84,18 +106,63 @@ pub fn flash_relation(
     tau: f64,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    let c = checked(&p1, &p2, &info, &lambda, tau, strategy)?;
-    if !c.fused {
-        return Ok(naive_parallel_relation(p1, p2, info, lambda, tau)?);
-    }
+    relation(p1, p2, info, lambda, tau, None, strategy)
+}
+
+/// [`flash_relation`] over packed documents: `N` segments back to back in one `[1, total, H, D]`
+/// row, each computed as if alone (positions restart, the first row of each is pure Self, no
+/// row reads another segment).
+///
+/// On Flex the fused kernels loop over `(segment, head)`, so key tiles of other segments are
+/// never touched: a row of many short documents costs what those documents cost, far less than
+/// one causal row of the same length. CubeCL devices run the reference
+/// (`relation_core::naive_packed_relation`) for packed rows; [`Strategy::Fused`] there is
+/// [`KernelError::FusedUnavailable`].
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`: `[1, total, H, D]`; `lambda`: `[1]`; `segments` end at `total`
+/// - output: `[1, total, H, D]`
+///
+/// # Errors
+/// As [`flash_relation`], plus segments that do not cover the packed rows (or a batch other
+/// than 1).
+pub fn flash_relation_packed(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau: f64,
+    segments: &Segments,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    relation(p1, p2, info, lambda, tau, Some(segments), strategy)
+}
+
+fn relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau: f64,
+    segments: Option<&Segments>,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    let c = checked(&p1, &p2, &info, &lambda, tau, segments, strategy)?;
+    // One dtype per call on every path (a backend may refuse mixed dtypes; the cast is
+    // differentiable, so `lambda` still gets its gradient in its own dtype).
     let lambda = lambda.cast(p1.dtype());
+    if !c.fused {
+        return Ok(match segments {
+            None => naive_parallel_relation(p1, p2, info, lambda, tau)?,
+            Some(segments) => naive_packed_relation(p1, p2, info, lambda, tau, segments)?,
+        });
+    }
     Ok(Tensor::from_dispatch(Dispatch::flash_relation(
         p1.into_dispatch(),
         p2.into_dispatch(),
         info.into_dispatch(),
         lambda.into_dispatch(),
-        c.scale,
-        c.inv_tau,
+        c.params,
     )))
 }
 
@@ -118,42 +185,79 @@ pub fn flash_relation_with_stats(
     tau: f64,
     strategy: Strategy,
 ) -> Result<FactorizedRelation> {
-    let c = checked(&p1, &p2, &info, &lambda, tau, strategy)?;
+    relation_with_stats(p1, p2, info, lambda, tau, None, strategy)
+}
+
+/// [`flash_relation_packed`] with the per-row statistics of [`flash_relation_with_stats`]: the
+/// first row of every segment has `L = A = -inf`, `g = 0`.
+///
+/// # Shapes
+/// As [`flash_relation_packed`]; statistics are `[1, total, H]`.
+///
+/// # Errors
+/// As [`flash_relation_packed`].
+pub fn flash_relation_packed_with_stats(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau: f64,
+    segments: &Segments,
+    strategy: Strategy,
+) -> Result<FactorizedRelation> {
+    relation_with_stats(p1, p2, info, lambda, tau, Some(segments), strategy)
+}
+
+fn relation_with_stats(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    tau: f64,
+    segments: Option<&Segments>,
+    strategy: Strategy,
+) -> Result<FactorizedRelation> {
+    let c = checked(&p1, &p2, &info, &lambda, tau, segments, strategy)?;
+    let lambda = lambda.cast(p1.dtype()); // one dtype per call, as in `relation`
     if !c.fused {
-        return Ok(naive_factorized_relation(p1, p2, info, lambda, tau)?);
+        return Ok(match segments {
+            None => naive_factorized_relation(p1, p2, info, lambda, tau)?,
+            Some(s) => naive_packed_factorized_relation(p1, p2, info, lambda, tau, s)?,
+        });
     }
     let [b, t, h, _] = p1.dims();
     let dtype = p1.dtype();
     let device = p1.device();
-    let lambda = lambda.cast(dtype);
     let (y, _ibar, stats) = Dispatch::flash_relation_fwd(
         p1.into_dispatch(),
         p2.into_dispatch(),
         info.into_dispatch(),
         lambda.clone().into_dispatch(),
-        c.scale,
-        c.inv_tau,
+        c.params,
     );
-    let stats = Tensor::<4>::from_dispatch(stats).cast(dtype); // [B, T, H, 3]: L, S, g
+    let stats = Tensor::<4>::from_dispatch(stats).cast(dtype); // [B, T, H, STATS]
     let channel = |k: usize| stats.clone().narrow(3, k, 1).reshape([b, t, h]); // [B, T, H]
-    let first_row = Tensor::<1, Int>::arange(0..t as i64, &device)
+    // Each row's position in its own sequence: 0 at every segment start.
+    let positions: Vec<i64> = match segments {
+        None => (0..t as i64).collect(),
+        Some(s) => s.local_positions().into_iter().map(|i| i as i64).collect(),
+    };
+    let positions = Tensor::<1, Int>::from_data(TensorData::new(positions, [t]), &device);
+    let first_row = positions
+        .clone()
         .equal_elem(0)
         .reshape([1, t, 1])
         .expand([b, t, h]);
-    let log_i = Tensor::<1, Int>::arange(1..t as i64 + 1, &device)
-        .float()
-        .cast(dtype)
-        .log()
-        .reshape([1, t, 1]);
-    let lse = channel(0).mask_fill(first_row.clone(), f64::NEG_INFINITY);
+    let log_i = (positions + 1).float().cast(dtype).log().reshape([1, t, 1]); // log i, one-based
+    let lse = channel(stat::LSE).mask_fill(first_row.clone(), f64::NEG_INFINITY);
     let log_mass = lse.clone() - lambda.reshape([1, 1, 1]) * log_i;
     Ok(FactorizedRelation {
         y: Tensor::from_dispatch(y),
         stats: RelationStats {
-            self_score: channel(1),
+            self_score: channel(stat::SELF),
             exchange_lse: lse,
             log_mass: log_mass.mask_fill(first_row, f64::NEG_INFINITY),
-            exchange_share: channel(2),
+            exchange_share: channel(stat::SHARE),
         },
     })
 }

@@ -1,5 +1,5 @@
 //! Linear Relation, chunked (chunkwise-parallel, GLA-style) forward and backward kernels
-//! (spec §3).
+//! (`docs/maths.md#7-chunked-linear-relation`).
 //!
 //! The inputs are the prepared per-token vectors of [`super::cube_recurrent`]
 //! (`q_t = S_t p̂1_t`, `k_t = S_t p̂2_t`, `v_t = Ĩ_t`, `g_t = log alpha_t`, all `[B, T, H, D]`,

@@ -1,4 +1,4 @@
-//! Linear Relation, fused recurrent kernels (spec §3): forward, backward, decoding steps.
+//! Linear Relation, fused recurrent kernels (`docs/maths.md#6-linear-relation`): forward, backward, decoding steps.
 //!
 //! The kernels take the prepared per-token vectors (the Tensor-level caller computes `S_t` and
 //! the L2 normalisation with differentiable tensor ops):

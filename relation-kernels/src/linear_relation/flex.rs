@@ -1,4 +1,4 @@
-//! Linear Relation on Flex: forward and exact backward of spec §3 on the CPU, over the prepared
+//! Linear Relation on Flex: forward and exact backward of `docs/maths.md#6-linear-relation` on the CPU, over the prepared
 //! vectors of the Tensor-level entry points (`q = S p̂1`, `k = S p̂2`, `v = Ĩ`, `g = log alpha`):
 //!
 //! ```text

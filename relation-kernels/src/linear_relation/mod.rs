@@ -15,7 +15,7 @@ pub(crate) mod flex;
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use relation_core::{
-    LinearRelationOutput, check, l2_normalize, naive_chunk_linear_relation,
+    LinearRelationOutput, Segments, check, l2_normalize, naive_chunk_linear_relation,
     naive_recurrent_linear_relation, naive_self_relation,
 };
 
@@ -36,7 +36,7 @@ pub const CHUNK_SIZES: &[usize] = &[16, 32, 64];
 
 /// How Linear Relation runs over a sequence: the kernel [`linear_relation`] picks.
 ///
-/// Both compute the same function (spec §3) and carry the same state; they differ in speed and
+/// Both compute the same function (`docs/maths.md#6-linear-relation`) and carry the same state; they differ in speed and
 /// rounding only. Measured (`examples/linear_relation_bench`, `docs/bench/cpu-ops.md` and
 /// `docs/bench/cube-cpu.md`, B 1 H 8 D 64): on Flex the chunk size does not change the algorithm
 /// and the recurrent form is as fast or faster at every T from 256 to 4096 (training 0.92x to
@@ -184,7 +184,7 @@ fn fused(
     })
 }
 
-/// Linear Relation (spec §3) over a sequence, token by token, carrying a state in and out, on any
+/// Linear Relation (`docs/maths.md#6-linear-relation`) over a sequence, token by token, carrying a state in and out, on any
 /// device.
 ///
 /// On CubeCL devices the fused recurrent kernels run (state in registers, `O(T D)` memory, a
@@ -280,7 +280,7 @@ pub fn linear_relation_step(
     }
 }
 
-/// Linear Relation (spec §3) with the chunked (chunkwise-parallel, GLA-style) algorithm, carrying
+/// Linear Relation (`docs/maths.md#7-chunked-linear-relation`) with the chunked (chunkwise-parallel, GLA-style) algorithm, carrying
 /// a state in and out, on any device.
 ///
 /// On CubeCL devices two fused kernels run (`cube::chunk_linear_relation`): a sequential pass
@@ -342,7 +342,7 @@ pub fn chunk_linear_relation(
     }
 }
 
-/// Linear Relation (spec §3) over a sequence in the given [`LinearRelationMode`]: the entry point
+/// Linear Relation (`docs/maths.md#6-linear-relation`) over a sequence in the given [`LinearRelationMode`]: the entry point
 /// the model uses. [`LinearRelationMode::Recurrent`] is [`fused_recurrent_linear_relation`],
 /// [`LinearRelationMode::Chunked`] is [`chunk_linear_relation`] with its chunk size.
 ///
@@ -379,4 +379,71 @@ pub fn linear_relation(
             strategy,
         ),
     }
+}
+
+/// [`linear_relation`] over packed documents: `N` segments back to back in one
+/// `[1, total, H, D]` row; segment `n` starts from `initial_state[n]` (zero when `None`) and ends
+/// in `state[n]`, exactly as if run alone, with gradients to both.
+///
+/// Each segment runs through the kernels of `mode` on its own rows (a view of the packed
+/// inputs), so no chunk straddles a boundary and no state crosses one; chunked mode restarts its
+/// chunks at every segment start. This is one launch per segment: a single-launch kernel over the
+/// segment table is still to come for Linear Relation (FlashRelation on Flex has one).
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`, `log_alpha`: `[1, total, H, D]`; `segments` end at `total`
+/// - `initial_state`: `[N, H, D, D]`
+/// - output: `y` `[1, total, H, D]`, `state` `[N, H, D, D]`
+///
+/// # Errors
+/// As [`linear_relation`], plus segments that do not cover the packed rows (or a batch other
+/// than 1) and an `initial_state` that is not `[N, H, D, D]`.
+#[allow(clippy::too_many_arguments)] // inputs, tau, state, segments, mode, strategy
+pub fn linear_relation_packed(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    log_alpha: Tensor<4>,
+    tau: f64,
+    initial_state: Option<Tensor<4>>,
+    segments: &Segments,
+    mode: LinearRelationMode,
+    strategy: Strategy,
+) -> Result<LinearRelationOutput> {
+    mode.check()?;
+    let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, None)?;
+    segments.check_packed("p1", &p1.dims())?;
+    let [_, _, h, d] = dims.dims();
+    if let Some(state) = &initial_state {
+        check::exact_shape(
+            "initial_state",
+            state,
+            "[N, H, D, D]",
+            [segments.count(), h, d, d],
+        )?;
+        check::same_device("initial_state", state, &p1)?;
+    }
+    let rows =
+        |x: &Tensor<4>, (start, end): (usize, usize)| x.clone().narrow(1, start, end - start);
+    let mut ys = Vec::with_capacity(segments.count());
+    let mut states = Vec::with_capacity(segments.count());
+    for (n, seg) in segments.bounds().enumerate() {
+        let h0 = initial_state.as_ref().map(|s| s.clone().narrow(0, n, 1)); // [1, H, D, D]
+        let out = linear_relation(
+            rows(&p1, seg),
+            rows(&p2, seg),
+            rows(&info, seg),
+            rows(&log_alpha, seg),
+            tau,
+            h0,
+            mode,
+            strategy,
+        )?;
+        ys.push(out.y); // [1, len, H, D]
+        states.push(out.state); // [1, H, D, D]
+    }
+    Ok(LinearRelationOutput {
+        y: Tensor::cat(ys, 1),
+        state: Tensor::cat(states, 0),
+    })
 }

@@ -14,6 +14,7 @@
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
+use relation_core::RopePositions;
 
 use crate::launches;
 use crate::tile::flex::{
@@ -110,14 +111,19 @@ const ROPE_TOKENS_PER_TASK: usize = 64;
 /// `hi cos + lo sin` in the same order, so f32 results equal the reference's bit for bit.
 /// One pass over `x` on the thread pool instead of the reference's eight (two strided halves,
 /// four products, two sums, one concatenation) on the calling thread.
-pub(crate) fn rope(x: FlexTensor, offset: usize, base: f64, inverse: bool) -> FlexTensor {
+pub(crate) fn rope(
+    x: FlexTensor,
+    positions: RopePositions,
+    base: f64,
+    inverse: bool,
+) -> FlexTensor {
     launches::record(&launches::ROPE);
     let [b, t, h, d] = dims4(&x);
     let dtype = x.dtype();
     let shape = x.layout().shape().clone();
-    // cos φ and sin φ of every (position, pair), [T, D/2] each, rounded to f32 as the
-    // reference's upload rounds them.
-    let (cos, sin) = relation_core::rope::rope_angles(offset, t, d, base);
+    // cos φ and sin φ of every row's position (restarting at each segment of a packed row),
+    // [T, D/2] each, rounded to f32 as the reference's upload rounds them.
+    let (cos, sin) = relation_core::rope::rope_angles_at(positions.rows(t).into_iter(), d, base);
     let cos: Vec<f32> = cos.iter().map(|&c| c as f32).collect();
     let sin: Vec<f32> = sin.iter().map(|&s| s as f32).collect();
     let token = h * d;

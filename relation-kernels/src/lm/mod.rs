@@ -24,7 +24,8 @@ use burn::tensor::{Int, Tensor};
 use relation_core::lm::{check_cross_entropy, check_dense, check_rms_norm, check_swiglu};
 use relation_core::rope::check_rope;
 use relation_core::{
-    WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
+    RopePositions, Segments, WeightLayout, naive_cross_entropy, naive_dense, naive_packed_rope,
+    naive_rms_norm, naive_rope, naive_swiglu,
 };
 
 use crate::{Result, Strategy};
@@ -82,16 +83,47 @@ pub fn dense(
 /// Odd `D`, a base that is not finite and > 1, empty dimensions; [`Strategy::Fused`] on a
 /// device other than Flex.
 pub fn rope(x: Tensor<4>, offset: usize, base: f64, strategy: Strategy) -> Result<Tensor<4>> {
+    rope_at(x, RopePositions::From(offset), base, strategy)
+}
+
+/// [`rope`] of a packed row: every segment rotated from position 0, as if alone. The reference is
+/// [`relation_core::naive_packed_rope`]; Flex runs the same one pass with each row's angle taken
+/// at its position in its own segment.
+///
+/// # Shapes
+/// - `x`, output: `[1, total, H, D]`; `segments` end at `total`
+///
+/// # Errors
+/// As [`rope`], plus segments that do not cover the packed rows (or a batch other than 1).
+pub fn rope_packed(
+    x: Tensor<4>,
+    segments: &Segments,
+    base: f64,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    segments.check_packed("x", &x.dims())?;
+    rope_at(x, RopePositions::Packed(segments.clone()), base, strategy)
+}
+
+fn rope_at(
+    x: Tensor<4>,
+    positions: RopePositions,
+    base: f64,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
     check_rope(&x, base)?;
     if !strategy.use_fused_flex("rope", &x.device())? {
-        return Ok(naive_rope(x, offset, base)?);
+        return Ok(match positions {
+            RopePositions::From(offset) => naive_rope(x, offset, base)?,
+            RopePositions::Packed(segments) => naive_packed_rope(x, &segments, base)?,
+        });
     }
     #[cfg(feature = "flex")]
     {
         use burn::backend::Dispatch;
         Ok(Tensor::from_dispatch(Dispatch::rope(
             x.into_dispatch(),
-            offset,
+            positions,
             base,
             false,
         )))

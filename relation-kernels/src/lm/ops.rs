@@ -11,6 +11,8 @@ use burn::backend::autodiff::{
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Flex, backend_extension};
 
+use relation_core::RopePositions;
+
 use super::flex;
 
 /// Fused element-wise ops of the language model. Not called directly: use
@@ -25,11 +27,16 @@ pub trait LmOps: Backend {
     /// - output: `[M, N]` in `a`'s dtype
     fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self>;
 
-    /// RoPE of tokens at positions `offset..` (`inverse`: rotation by `-φ`), differentiable.
+    /// RoPE of tokens at `positions` (`inverse`: rotation by `-φ`), differentiable.
     ///
     /// # Shapes
-    /// - `x`, output: `[B, T, H, D]`
-    fn rope(x: FloatTensor<Self>, offset: usize, base: f64, inverse: bool) -> FloatTensor<Self>;
+    /// - `x`, output: `[B, T, H, D]` (packed positions: `B = 1`)
+    fn rope(
+        x: FloatTensor<Self>,
+        positions: RopePositions,
+        base: f64,
+        inverse: bool,
+    ) -> FloatTensor<Self>;
 
     /// RMS normalisation over the last dimension, differentiable in `x` and `gamma`.
     ///
@@ -112,8 +119,13 @@ impl LmOps for Flex {
         flex::rms_norm_bwd(x, gamma, r, dy)
     }
 
-    fn rope(x: FloatTensor<Self>, offset: usize, base: f64, inverse: bool) -> FloatTensor<Self> {
-        flex::rope(x, offset, base, inverse)
+    fn rope(
+        x: FloatTensor<Self>,
+        positions: RopePositions,
+        base: f64,
+        inverse: bool,
+    ) -> FloatTensor<Self> {
+        flex::rope(x, positions, base, inverse)
     }
 
     fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
@@ -226,14 +238,19 @@ impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
         )
     }
 
-    fn rope(x: FloatTensor<Self>, offset: usize, base: f64, inverse: bool) -> FloatTensor<Self> {
+    fn rope(
+        x: FloatTensor<Self>,
+        positions: RopePositions,
+        base: f64,
+        inverse: bool,
+    ) -> FloatTensor<Self> {
         /// Saves nothing: RoPE is a rotation `R`, so `dx = Rᵀ dy` is the inverse rotation of
         /// the upstream gradient.
         #[derive(Debug)]
         struct RopeBackward;
 
         impl<B: LmOps> Backward<B, 1> for RopeBackward {
-            type State = (usize, f64, bool);
+            type State = (RopePositions, f64, bool);
 
             fn backward(
                 self,
@@ -243,9 +260,9 @@ impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
             ) {
                 let [node] = ops.parents;
                 let dy = grads.consume::<B>(&ops.node);
-                let (offset, base, inverse) = ops.state;
+                let (positions, base, inverse) = ops.state;
                 if let Some(node) = node {
-                    grads.register::<B>(node.id, B::rope(dy, offset, base, !inverse));
+                    grads.register::<B>(node.id, B::rope(dy, positions, base, !inverse));
                 }
             }
         }
@@ -256,11 +273,11 @@ impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
             .stateful()
         {
             OpsKind::Tracked(prep) => prep.finish(
-                (offset, base, inverse),
-                B::rope(x.into_primitive(), offset, base, inverse),
+                (positions.clone(), base, inverse),
+                B::rope(x.into_primitive(), positions, base, inverse),
             ),
             OpsKind::UnTracked(prep) => {
-                prep.finish(B::rope(x.into_primitive(), offset, base, inverse))
+                prep.finish(B::rope(x.into_primitive(), positions, base, inverse))
             }
         }
     }

@@ -24,6 +24,8 @@
 
 use std::borrow::Cow;
 
+use super::Sequence;
+
 use burn::backend::flex::{FlexTensor, Layout};
 use burn::tensor::{Bytes, DType, Shape, bf16, f16};
 
@@ -101,9 +103,10 @@ pub(crate) fn gather_heads(x: &FlexTensor) -> Vec<f32> {
     with_f32(x, |flat| swap_axes_12(flat, dims)) // [B, T, H, D] -> [B, H, T, D]
 }
 
-/// `[B, T, H, D]` f32 -> `[B·H, D, T]`: each head's rows transposed, so that `Kᵀ` is a
-/// row-major right-hand side of [`gemm`] (its rows are the vectors of the tile products).
-pub(crate) fn transpose_heads(x: &[f32], [_b, t, h, d]: [usize; 4]) -> Vec<f32> {
+/// `Xᵀ` of every `(sequence, head)` of a `[B, T, H, D]` buffer: sequence `n`, head `h` becomes
+/// `[D, len_n]` at offset `(start_n·H + h·len_n)·D` (heads of a sequence side by side; for `B`
+/// unpacked sequences that is the `[B·H, D, T]` layout).
+pub(crate) fn transpose_heads(x: &[f32], seqs: &[Sequence], h: usize, d: usize) -> Vec<f32> {
     use rayon::prelude::*;
     let mut out = vec![0.0f32; x.len()];
     if out.is_empty() {
@@ -112,33 +115,53 @@ pub(crate) fn transpose_heads(x: &[f32], [_b, t, h, d]: [usize; 4]) -> Vec<f32> 
     // Rows are taken 16 at a time so that each of the D output rows gets 16 consecutive
     // values per pass (a whole cache line) instead of one scattered store every T floats.
     const ROWS: usize = 16;
-    out.par_chunks_mut(d * t) // head (b, h): [D, T]
-        .enumerate()
-        .for_each(|(bh, head)| {
-            let (bi, hi) = (bh / h, bh % h);
-            for i0 in (0..t).step_by(ROWS) {
-                let rows = ROWS.min(t - i0);
-                for c in 0..d {
-                    let out_row = &mut head[c * t + i0..c * t + i0 + rows];
-                    for (ii, o) in out_row.iter_mut().enumerate() {
-                        *o = x[((bi * t + i0 + ii) * h + hi) * d + c];
-                    }
+    let mut heads: Vec<(&Sequence, usize, &mut [f32])> = Vec::with_capacity(seqs.len() * h);
+    let mut rest = &mut out[..];
+    for seq in seqs {
+        for hi in 0..h {
+            let (head, tail) = rest.split_at_mut(d * seq.len); // [D, len]
+            heads.push((seq, hi, head));
+            rest = tail;
+        }
+    }
+    heads.into_par_iter().for_each(|(seq, hi, head)| {
+        let t = seq.len;
+        for i0 in (0..t).step_by(ROWS) {
+            let rows = ROWS.min(t - i0);
+            for c in 0..d {
+                let out_row = &mut head[c * t + i0..c * t + i0 + rows];
+                for (ii, o) in out_row.iter_mut().enumerate() {
+                    *o = x[((seq.start + i0 + ii) * h + hi) * d + c];
                 }
             }
-        });
+        }
+    });
     out
 }
 
-/// The rows of a `[B, T, H, W]` buffer grouped by head: `rows[b·H + h][t]` is the `W` values
-/// of `(b, t, h)`. Each head's rows are disjoint borrows, so tasks of the thread pool write one
-/// head (or a block of its rows) straight into the `[B, T, H, W]` output with no scatter pass.
-pub(crate) fn head_rows(data: &mut [f32], [_b, t, h, w]: [usize; 4]) -> Vec<Vec<&mut [f32]>> {
-    let heads = data.len().checked_div(t * h * w).unwrap_or(0);
-    let mut rows: Vec<Vec<&mut [f32]>> = (0..heads * h).map(|_| Vec::with_capacity(t)).collect();
-    for (index, row) in data.chunks_exact_mut(w.max(1)).enumerate() {
-        // index = (b T + t) H + h
-        let (bi, hi) = (index / (t * h), index % h);
-        rows[bi * h + hi].push(row);
+/// The rows of a `[B, T, H, W]` buffer grouped by `(sequence, head)`: `rows[n·H + h][i]` is the
+/// `W` values of row `i` of sequence `n`, head `h`. The groups are disjoint borrows, so tasks of
+/// the thread pool write one head of one sequence (or a block of its rows) straight into the
+/// `[B, T, H, W]` output with no scatter pass.
+pub(crate) fn head_rows<'a>(
+    data: &'a mut [f32],
+    seqs: &[Sequence],
+    h: usize,
+    w: usize,
+) -> Vec<Vec<&'a mut [f32]>> {
+    let mut rows: Vec<Vec<&mut [f32]>> = seqs
+        .iter()
+        .flat_map(|seq| (0..h).map(|_| Vec::with_capacity(seq.len)))
+        .collect();
+    let mut chunks = data.chunks_exact_mut(w.max(1));
+    // Sequences are in row order and cover every row: walk them in step with the rows.
+    for (n, seq) in seqs.iter().enumerate() {
+        for _ in 0..seq.len {
+            for hi in 0..h {
+                let row = chunks.next().expect("sequences cover the buffer's rows");
+                rows[n * h + hi].push(row);
+            }
+        }
     }
     rows
 }

@@ -1,11 +1,11 @@
-//! Multi-head Self-Exchange Relation (spec §1–§2), the `F` mixer.
+//! Multi-head Self-Exchange Relation (`docs/maths.md#5-multi-head-relation-and-givens-mixing`), the `F` mixer.
 
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use relation_core::naive_relation_rows;
-use relation_kernels::{Strategy, flash_relation};
+use relation_core::{RopePositions, Segments, naive_relation_rows};
+use relation_kernels::{Strategy, flash_relation, flash_relation_packed};
 
 use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads};
 use crate::cache::LayerCache;
@@ -99,6 +99,30 @@ impl MultiHeadRelation {
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (p1, p2, info) = self.projection.forward(x, 0)?;
         let y = flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?;
+        dense(&self.wo, merge_heads(y))
+    }
+
+    /// Forward of a packed row of documents, each computed as if alone (positions restart, the
+    /// first token of each is pure Self, no token reads another document): the fused packed
+    /// FlashRelation where available.
+    ///
+    /// # Shapes
+    /// - `x`: `[1, total, d]`, output: `[1, total, d]`; `segments` end at `total`
+    ///
+    /// # Errors
+    /// Segments that do not cover the packed rows; operator errors.
+    pub fn forward_packed(&self, x: Tensor<3>, segments: &Segments) -> crate::Result<Tensor<3>> {
+        let positions = RopePositions::Packed(segments.clone());
+        let (p1, p2, info) = self.projection.forward_at(x, &positions)?;
+        let y = flash_relation_packed(
+            p1,
+            p2,
+            info,
+            self.lambda(),
+            self.tau,
+            segments,
+            Strategy::Auto,
+        )?;
         dense(&self.wo, merge_heads(y))
     }
 

@@ -11,6 +11,7 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, activation};
+use relation_core::RopePositions;
 
 use relation_core::l2_normalize;
 
@@ -104,8 +105,20 @@ impl KimiDeltaAttention {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let h = self.heads;
-        let q = l2_normalize(rope_heads(&self.wq, x.clone(), h, offset, self.rope_base)?);
-        let k = l2_normalize(rope_heads(&self.wk, x.clone(), h, offset, self.rope_base)?);
+        let q = l2_normalize(rope_heads(
+            &self.wq,
+            x.clone(),
+            h,
+            &RopePositions::From(offset),
+            self.rope_base,
+        )?);
+        let k = l2_normalize(rope_heads(
+            &self.wk,
+            x.clone(),
+            h,
+            &RopePositions::From(offset),
+            self.rope_base,
+        )?);
         let v = split_heads(dense(&self.wv, x.clone())?, h);
         let beta = activation::sigmoid(dense(&self.wbeta, x.clone())?); // [B, n, H]
         let alpha = self.gate.forward(x.clone())?.exp(); // [B, n, H, D]

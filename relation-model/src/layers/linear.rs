@@ -1,10 +1,11 @@
-//! Linear Relation (spec §3), the `L` mixer, with KDA's retention parameterisation.
+//! Linear Relation (`docs/maths.md#6-linear-relation`), the `L` mixer, with KDA's retention parameterisation.
 
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use relation_kernels::{LinearRelationMode, Strategy, linear_relation};
+use relation_core::{RopePositions, Segments};
+use relation_kernels::{LinearRelationMode, Strategy, linear_relation, linear_relation_packed};
 
 use super::{
     LogDecayGate, LogDecayGateConfig, RelationProjection, RelationProjectionConfig, dense, linear,
@@ -143,6 +144,36 @@ impl LinearRelation {
     /// Operator errors.
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         Ok(self.run(x, 0, None)?.0)
+    }
+
+    /// Forward of a packed row of documents, each from a zero state and its own positions, as if
+    /// alone; returns the output and each document's final state.
+    ///
+    /// # Shapes
+    /// - `x`: `[1, total, d]`, output: `[1, total, d]` and `[N, H, D, D]`
+    ///
+    /// # Errors
+    /// Segments that do not cover the packed rows; operator errors.
+    pub fn forward_packed(
+        &self,
+        x: Tensor<3>,
+        segments: &Segments,
+    ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
+        let positions = RopePositions::Packed(segments.clone());
+        let (p1, p2, info) = self.projection.forward_at(x.clone(), &positions)?;
+        let log_alpha = self.gate.forward(x)?; // [1, total, H, D]
+        let out = linear_relation_packed(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            self.tau,
+            None,
+            segments,
+            self.mode,
+            Strategy::Auto,
+        )?;
+        Ok((dense(&self.wo, merge_heads(out.y))?, out.state))
     }
 
     /// Incremental forward: continues from the cached state and stores the new one.

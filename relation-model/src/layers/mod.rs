@@ -62,7 +62,7 @@ pub use swiglu::SwiGlu;
 
 use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Tensor};
-use relation_core::WeightLayout;
+use relation_core::{RopePositions, WeightLayout};
 use relation_kernels::Strategy;
 
 /// A bias-free linear layer `d_in -> d_out`.
@@ -108,27 +108,33 @@ pub(crate) fn merge_heads(x: Tensor<4>) -> Tensor<3> {
     x.reshape([b, t, h * d]) // [B, T, H, D] -> [B, T, H·D]
 }
 
-/// `rope(x W)` split into heads, for tokens at positions `offset..` (queries and keys of the
-/// attention-like mixers, `P1` and `P2` of the Relation ones).
+/// `rope(x W)` split into heads, for tokens at `positions` (queries and keys of the
+/// attention-like mixers, `P1` and `P2` of the Relation ones): `From(offset)` for a batch of
+/// sequences that continue at `offset`, `Packed` for a packed row (positions restart at every
+/// segment).
 ///
 /// # Shapes
-/// - `x`: `[B, T, d]`, output: `[B, T, H, D]`
+/// - `x`: `[B, T, d]` (packed: `B = 1`), output: `[B, T, H, D]`
 ///
 /// # Errors
-/// A RoPE base that is not finite and > 1, or an odd head dimension.
+/// A RoPE base that is not finite and > 1, an odd head dimension, segments that do not cover
+/// the packed rows.
 pub(crate) fn rope_heads(
     layer: &Linear,
     x: Tensor<3>,
     heads: usize,
-    offset: usize,
+    positions: &RopePositions,
     rope_base: f64,
 ) -> crate::Result<Tensor<4>> {
-    Ok(relation_kernels::rope(
-        split_heads(dense(layer, x)?, heads),
-        offset,
-        rope_base,
-        Strategy::Auto,
-    )?)
+    let x = split_heads(dense(layer, x)?, heads); // [B, T, H, D]
+    Ok(match positions {
+        RopePositions::From(offset) => {
+            relation_kernels::rope(x, *offset, rope_base, Strategy::Auto)?
+        }
+        RopePositions::Packed(segments) => {
+            relation_kernels::rope_packed(x, segments, rope_base, Strategy::Auto)?
+        }
+    })
 }
 
 /// Per-head RMS normalisation over `D` (`x / sqrt(mean_D x^2 + 1e-6)`), applied by retention and

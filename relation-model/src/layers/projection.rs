@@ -1,10 +1,11 @@
 //! The Relation projections shared by the Full (`F`) and Linear (`L`) Relation layers:
-//! `P1 = rope(X W1)`, `P2 = rope(X W2)`, `Ĩ = Givens_l(X W_I)` (spec §1–§2).
+//! `P1 = rope(X W1)`, `P2 = rope(X W2)`, `Ĩ = Givens_l(X W_I)` (`docs/maths.md#5-multi-head-relation-and-givens-mixing`).
 
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
+use relation_core::RopePositions;
 
 use super::{dense, linear, rope_heads, split_heads};
 
@@ -89,8 +90,24 @@ impl RelationProjection {
         x: Tensor<3>,
         offset: usize,
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-        let p1 = rope_heads(&self.w1, x.clone(), self.heads, offset, self.rope_base)?;
-        let p2 = rope_heads(&self.w2, x.clone(), self.heads, offset, self.rope_base)?;
+        self.forward_at(x, &RopePositions::From(offset))
+    }
+
+    /// [`forward`](Self::forward) with RoPE at any positions (a packed row: every segment from
+    /// position 0).
+    ///
+    /// # Shapes
+    /// As [`forward`](Self::forward).
+    ///
+    /// # Errors
+    /// As [`forward`](Self::forward), plus segments that do not cover the packed rows.
+    pub fn forward_at(
+        &self,
+        x: Tensor<3>,
+        positions: &RopePositions,
+    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+        let p1 = rope_heads(&self.w1, x.clone(), self.heads, positions, self.rope_base)?;
+        let p2 = rope_heads(&self.w2, x.clone(), self.heads, positions, self.rope_base)?;
         let info = split_heads(dense(&self.wi, x)?, self.heads); // [B, T, H, D]
         let info = match &self.angles {
             Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,

@@ -4,6 +4,7 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
+use relation_core::RopePositions;
 
 use super::{dense, linear, rope_heads, split_heads};
 
@@ -62,8 +63,20 @@ impl QkvProjection {
         x: Tensor<3>,
         offset: usize,
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-        let q = rope_heads(&self.wq, x.clone(), self.heads, offset, self.rope_base)?;
-        let k = rope_heads(&self.wk, x.clone(), self.heads, offset, self.rope_base)?;
+        let q = rope_heads(
+            &self.wq,
+            x.clone(),
+            self.heads,
+            &RopePositions::From(offset),
+            self.rope_base,
+        )?;
+        let k = rope_heads(
+            &self.wk,
+            x.clone(),
+            self.heads,
+            &RopePositions::From(offset),
+            self.rope_base,
+        )?;
         Ok((q, k, split_heads(dense(&self.wv, x)?, self.heads)))
     }
 }

@@ -1,0 +1,225 @@
+//! Model configurations: the parameter overhead of Relation over attention, the Givens pairing
+//! by layer, typed errors for bad configurations, presets, the ablation switches and the
+//! Linear Relation mode.
+
+use burn::config::Config;
+use burn::module::Module;
+use burn::tensor::{DType, Device, Int, Tensor};
+use relation_core::GivensPairing;
+use relation_core::testing::{Check, assert_close, tolerance};
+use relation_model::{LinearRelationConfig, Mixer, ModelError, RelationLmConfig};
+
+use super::{model, tiny, tokens};
+
+#[test]
+fn relation_costs_five_scalars_per_layer_over_attention() {
+    let device = Device::flex();
+    for layers in [1, 6] {
+        let config = RelationLmConfig::new(256, 64, layers, 8, 128);
+        let relation = model(&config.clone().with_pattern("F".into()), &device).num_params();
+        let mha = model(&config.with_pattern("A".into()), &device).num_params();
+        assert_eq!(
+            relation - mha,
+            5 * layers,
+            "1 lambda + H/2 = 4 angles per layer at H = 8"
+        );
+    }
+}
+
+#[test]
+fn givens_pairing_alternates_with_layer_index() {
+    let lm = model(&tiny("F", 4), &Device::flex());
+    for (index, block) in lm.blocks.iter().enumerate() {
+        let Mixer::Full(layer) = &block.mixer else {
+            panic!("pattern F")
+        };
+        assert_eq!(layer.layer, index);
+        let expected = if index % 2 == 0 {
+            GivensPairing::A
+        } else {
+            GivensPairing::B
+        };
+        assert_eq!(GivensPairing::for_layer(layer.layer), expected);
+    }
+}
+
+#[test]
+fn bad_configurations_are_typed_errors() {
+    let device = Device::flex();
+    let err = |config: RelationLmConfig| config.init(&device).unwrap_err();
+    assert_eq!(
+        err(RelationLmConfig::new(97, 30, 2, 3, 64)),
+        ModelError::OddHeads { heads: 3 }
+    );
+    assert_eq!(
+        err(RelationLmConfig::new(97, 36, 2, 3, 64)),
+        ModelError::OddHeads { heads: 3 }
+    );
+    assert_eq!(
+        err(RelationLmConfig::new(97, 34, 2, 4, 64)),
+        ModelError::IndivisibleWidth {
+            d_model: 34,
+            heads: 4
+        }
+    );
+    assert_eq!(
+        err(RelationLmConfig::new(0, 32, 2, 4, 64)),
+        ModelError::Zero { name: "vocab_size" }
+    );
+    let e = err(tiny("FLX", 3));
+    assert_eq!(
+        e,
+        ModelError::UnknownMixer {
+            letter: 'X',
+            position: 2,
+            pattern: "FLX".into()
+        }
+    );
+    assert!(e.to_string().contains("`X`"), "{e}");
+    let lm = model(&tiny("F", 1), &device);
+    let bad = Tensor::<2, Int>::from_data([[3i64, 97]], &device);
+    assert_eq!(
+        lm.check_tokens(&bad).unwrap_err(),
+        ModelError::TokenOutOfRange {
+            token: 97,
+            vocab: 97
+        }
+    );
+}
+
+#[test]
+fn presets_exist_and_validate() {
+    for name in RelationLmConfig::PRESETS {
+        for suffix in ["", "-mha"] {
+            let config = RelationLmConfig::preset(&format!("{name}{suffix}")).unwrap();
+            config.validate().unwrap();
+        }
+    }
+    assert_eq!(
+        RelationLmConfig::preset("hybrid-32m").unwrap().head_dim(),
+        60
+    );
+    assert!(RelationLmConfig::preset("nope").is_none());
+}
+
+/// The ablation switches of the paper (`docs/maths.md#10-rope-rmsnorm-and-the-model`): each changes exactly what it names.
+#[test]
+fn ablation_switches_do_what_they_say() {
+    let device = Device::flex();
+    let tracked = device.clone().autodiff();
+    let x = tokens(2, 9, 97, 3, &device);
+    let lambda_grad = |config: &RelationLmConfig| {
+        let lm = model(config, &tracked);
+        let grads = lm.forward(x.clone()).unwrap().sum().backward();
+        let Mixer::Full(layer) = &lm.blocks[0].mixer else {
+            panic!("pattern F")
+        };
+        (
+            layer.lambda.val().grad(&grads),
+            layer.lambda.val().into_scalar::<f64>(),
+        )
+    };
+
+    // Frozen lambda: no gradient, so the optimizer never moves it; lambda = 0 is then a real
+    // "no count calibration" model.
+    let (grad, value) = lambda_grad(&tiny("F", 2));
+    assert!(grad.is_some(), "trainable lambda has a gradient");
+    assert_eq!(value, 0.5);
+    let frozen = tiny("F", 2)
+        .with_lambda_init(0.0)
+        .with_lambda_trainable(false);
+    let (grad, value) = lambda_grad(&frozen);
+    assert!(grad.is_none(), "a frozen lambda has no gradient");
+    assert_eq!(value, 0.0);
+
+    // No Givens: no angles (H / 2 fewer parameters per Relation layer) and odd head counts,
+    // down to the single-head Relation.
+    let with = model(&tiny("FL", 2), &device).num_params();
+    let without = model(&tiny("FL", 2).with_givens(false), &device).num_params();
+    assert_eq!(
+        with - without,
+        2 * 2,
+        "H / 2 = 2 angles in each of 2 layers"
+    );
+    for pattern in ["F", "L"] {
+        let single = RelationLmConfig::new(97, 32, 2, 1, 64)
+            .with_pattern(pattern.into())
+            .with_givens(false);
+        let logits = model(&single, &device).forward(x.clone()).unwrap();
+        assert_eq!(logits.dims(), [2, 9, 97], "single head {pattern}");
+        assert_eq!(
+            RelationLmConfig::new(97, 32, 2, 1, 64)
+                .with_pattern(pattern.into())
+                .init(&device)
+                .unwrap_err(),
+            ModelError::OddHeads { heads: 1 },
+            "one head needs Givens off"
+        );
+    }
+
+    // tau changes the Self share, hence the logits, and nothing else about the model.
+    let base = model(&tiny("F", 2), &device).forward(x.clone()).unwrap();
+    let hot = model(&tiny("F", 2).with_tau(1.0), &device)
+        .forward(x.clone())
+        .unwrap();
+    let diff = (base - hot).abs().max().into_scalar::<f64>();
+    assert!(diff > 1e-6, "tau 1 vs 2 must change the logits ({diff})");
+}
+
+/// The Linear Relation mode is a configuration switch: chunked kernels give the recurrent
+/// logits, an unsupported chunk size is a typed error, and a `model.json` written before the
+/// field existed loads as recurrent.
+#[test]
+fn linear_mode_is_a_config_switch() {
+    use relation_model::LinearRelationMode;
+    let device = Device::flex();
+    let ids = tokens(2, 40, 97, 4, &device);
+    let recurrent = model(&tiny("L", 2), &device).forward(ids.clone()).unwrap();
+    let chunked_config = tiny("L", 2).with_linear_mode("chunked:32".parse().unwrap());
+    assert_eq!(
+        chunked_config.linear_mode,
+        LinearRelationMode::Chunked { chunk_size: 32 }
+    );
+    let chunked = model(&chunked_config, &device).forward(ids).unwrap();
+    assert_close(
+        "chunked:32 vs recurrent",
+        &chunked,
+        &recurrent,
+        tolerance(DType::F32, Check::Forward),
+    );
+
+    let bad = LinearRelationMode::Chunked { chunk_size: 48 };
+    for err in [
+        tiny("L", 2).with_linear_mode(bad).validate().unwrap_err(),
+        tiny("L", 2)
+            .with_linear_mode(bad)
+            .init(&device)
+            .unwrap_err(),
+        LinearRelationConfig::new(32, 4)
+            .with_mode(bad)
+            .init(&device)
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(
+                &err,
+                ModelError::LinearMode {
+                    mode,
+                    source: relation_kernels::KernelError::UnsupportedChunkSize { chunk_size: 48, .. },
+                } if *mode == bad
+            ),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains("chunked:48"), "{err}");
+    }
+
+    let old_json = r#"{"vocab_size": 97, "d_model": 32, "n_layers": 4, "n_heads": 4, "d_ff": 64,
+        "pattern": "LLLF", "tau": 2.0, "lambda_init": 0.5, "rope_base": 10000.0,
+        "norm_eps": 1e-6, "gate_rank": 0, "lambda_trainable": true, "givens": true}"#;
+    let loaded = RelationLmConfig::load_binary(old_json.as_bytes()).unwrap();
+    assert_eq!(loaded, tiny("LLLF", 4));
+    assert_eq!(loaded.linear_mode, LinearRelationMode::Recurrent);
+    let saved = tiny("L", 2).with_linear_mode(LinearRelationMode::CHUNKED);
+    let again = RelationLmConfig::load_binary(saved.to_string().as_bytes()).unwrap();
+    assert_eq!(again, saved);
+}

@@ -1,0 +1,190 @@
+//! Incremental decoding: cached decoding equals the full forward, caches of another kind are
+//! refused, and generation is seeded, batched, stops at stop tokens and streams.
+
+use burn::tensor::{DType, Device, Int, Tensor};
+use relation_core::testing::{Check, assert_close, tolerance};
+use relation_model::{ModelError, Sampling};
+
+use super::{model, tiny, tokens};
+
+/// Token-by-token decoding, and chunked prefill then decoding, equal the full forward.
+fn check_cached_decoding(device: &Device, pattern: &str) {
+    let config = tiny(pattern, 4);
+    let lm = model(&config, device);
+    let seq = 12;
+    let ids = tokens(2, seq, 97, 3, device);
+    let full = lm.forward(ids.clone()).unwrap();
+    let tol = tolerance(DType::F32, Check::Forward);
+
+    for chunks in [vec![1; seq], vec![5, 3, 1, 1, 1, 1]] {
+        let mut cache = lm.new_cache();
+        let mut outputs = Vec::new();
+        let mut at = 0;
+        for n in &chunks {
+            outputs.push(
+                lm.forward_cached(ids.clone().narrow(1, at, *n), &mut cache)
+                    .unwrap(),
+            );
+            at += n;
+        }
+        assert_eq!(cache.len(), seq);
+        let cached = Tensor::cat(outputs, 1);
+        assert_close(
+            &format!("pattern {pattern}, chunks {chunks:?}"),
+            &cached,
+            &full,
+            tol,
+        );
+    }
+}
+
+#[test]
+fn cached_decoding_equals_full_forward_on_flex() {
+    for pattern in ["F", "L", "A", "R", "N", "K", "LLLF", "RRAR"] {
+        check_cached_decoding(&Device::flex(), pattern);
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn cached_decoding_equals_full_forward_with_kernels() {
+    let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    check_cached_decoding(&device, "LLLF");
+}
+
+/// A layer given the cache of another kind of layer refuses it, naming both kinds, and leaves
+/// it as it was; it never restarts the sequence silently.
+#[test]
+fn a_cache_of_another_kind_is_a_typed_error() {
+    let device = Device::flex();
+    let ids = tokens(1, 3, 97, 6, &device);
+    for (from, into, expected, given) in [
+        ("A", "F", "full", "attention"),
+        ("F", "L", "linear", "full"),
+        ("L", "A", "attention", "linear"),
+        ("F", "R", "attention", "full"),
+        ("A", "N", "linear", "attention"),
+        ("F", "K", "linear", "full"),
+    ] {
+        let source = model(&tiny(from, 1), &device);
+        let mut cache = source.new_cache();
+        source.forward_cached(ids.clone(), &mut cache).unwrap();
+        let err = model(&tiny(into, 1), &device)
+            .forward_cached(ids.clone(), &mut cache)
+            .unwrap_err();
+        assert_eq!(
+            err,
+            ModelError::WrongCache { expected, given },
+            "{from} cache into {into}"
+        );
+        assert!(err.to_string().contains(expected), "{err}");
+        assert_eq!(cache.layers[0].kind(), given, "the cache is left as it was");
+        assert_eq!(cache.len(), 3);
+    }
+}
+
+#[test]
+fn generation_is_seeded_and_batched() {
+    let device = Device::flex();
+    let lm = model(&tiny("LLLF", 4), &device);
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6], vec![7, 8]];
+    let sampling = Sampling {
+        max_new_tokens: 6,
+        ..Sampling::default()
+    };
+    let a = lm.generate(&prompts, &sampling).unwrap();
+    let b = lm.generate(&prompts, &sampling).unwrap();
+    assert_eq!(a, b, "same seed, same tokens");
+    assert!(a.iter().all(|g| g.len() == 6 && g.iter().all(|&t| t < 97)));
+    // Greedy decoding of a prompt alone equals its row in a batch.
+    let greedy = Sampling {
+        temperature: 0.0,
+        ..sampling.clone()
+    };
+    let batched = lm.generate(&prompts, &greedy).unwrap();
+    let alone = lm.generate(&prompts[1..2], &greedy).unwrap();
+    assert_eq!(batched[1], alone[0]);
+    // Greedy's first token is the argmax of the full forward's last logits.
+    let ids = Tensor::<2, Int>::from_data([[1i64, 2, 3]], &device);
+    let logits: Vec<f32> = lm
+        .forward(ids)
+        .unwrap()
+        .narrow(1, 2, 1)
+        .into_data()
+        .iter::<f32>()
+        .collect();
+    let argmax = (0..logits.len())
+        .max_by(|&x, &y| logits[x].total_cmp(&logits[y]))
+        .unwrap();
+    assert_eq!(batched[0][0] as usize, argmax);
+
+    let err = lm.generate(&[vec![]], &sampling).unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::Zero {
+            name: "prompt length"
+        }
+    );
+    let err = lm.generate(&[vec![200]], &sampling).unwrap_err();
+    assert_eq!(
+        err,
+        ModelError::TokenOutOfRange {
+            token: 200,
+            vocab: 97
+        }
+    );
+    let err = lm
+        .generate(
+            &prompts,
+            &Sampling {
+                top_p: Some(1.5),
+                ..sampling
+            },
+        )
+        .unwrap_err();
+    assert!(matches!(err, ModelError::Sampling(_)), "{err}");
+}
+
+#[test]
+fn generation_stops_at_stop_tokens_and_streams() {
+    let device = Device::flex();
+    let lm = model(&tiny("LLLF", 4), &device);
+    let greedy = Sampling {
+        max_new_tokens: 12,
+        temperature: 0.0,
+        ..Sampling::default()
+    };
+    let prompts = vec![vec![1, 2, 3], vec![4, 5, 6]];
+    let full = lm.generate(&prompts, &greedy).unwrap();
+    assert!(full.iter().all(|g| g.len() == 12));
+
+    // A stop token ends the continuation before it; the other row of the batch goes on
+    // unchanged (unless it draws the same token).
+    let stop = full[0][5];
+    let stopped = lm
+        .generate(
+            &prompts,
+            &Sampling {
+                stop_tokens: vec![stop],
+                ..greedy.clone()
+            },
+        )
+        .unwrap();
+    for (row, out) in full.iter().zip(&stopped) {
+        let cut = row.iter().position(|&t| t == stop).unwrap_or(row.len());
+        assert_eq!(out, &row[..cut]);
+        assert!(!out.contains(&stop), "the stop token is not returned");
+    }
+    assert!(stopped[0].len() <= 5);
+
+    // Streaming hands over the same tokens, in order, as they are drawn, and stops when told.
+    let mut seen = Vec::new();
+    let streamed = lm
+        .generate_stream(&prompts[1], &greedy, |t| {
+            seen.push(t);
+            seen.len() < 4
+        })
+        .unwrap();
+    assert_eq!(streamed, full[1][..4]);
+    assert_eq!(seen, full[1][..4]);
+}
