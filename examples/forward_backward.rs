@@ -1,7 +1,7 @@
 //! One multi-head Relation mixer, forward and backward, on the default backend.
 //!
 //! Until `relation-train` lands this is the project's main job: it builds the full Relation mixer
-//! of spec §1–§2 from the `relation-core` references (projections, RoPE on P1/P2, Givens mixing of
+//! of `docs/maths.md#5-multi-head-relation-and-givens-mixing` from the `relation-core` references (projections, RoPE on P1/P2, Givens mixing of
 //! I, Self-Exchange transport, output projection), runs it on a batch of random tokens, takes
 //! gradients of every parameter (including lambda and the Givens angles), checks the factorized
 //! form against the materialized one, and prints a summary.

@@ -1,4 +1,4 @@
-//! Givens head mixing (spec §2): rotate pairs of information heads before transport.
+//! Givens head mixing (`docs/maths.md#5-multi-head-relation-and-givens-mixing`): rotate pairs of information heads before transport.
 //!
 //! ```text
 //! [Ĩ_a]   [cos θ  -sin θ] [I_a]
@@ -61,7 +61,7 @@ fn check_heads(heads: usize) -> Result<()> {
     }
 }
 
-/// Mixes information heads with the Givens rotations of layer `layer` (spec §2).
+/// Mixes information heads with the Givens rotations of layer `layer` (`docs/maths.md#5-multi-head-relation-and-givens-mixing`).
 ///
 /// # Shapes
 /// - `info`: `[B, T, H, D]`

@@ -1,4 +1,5 @@
-//! Linear Relation (spec §3): the token-by-token recurrence and the chunkwise-parallel algorithm.
+//! Linear Relation (`docs/maths.md#6-linear-relation`, `docs/maths.md#7-chunked-linear-relation`):
+//! the token-by-token recurrence and the chunkwise-parallel algorithm.
 //!
 //! Per head, with state `C` (`D x D`; rows are key channels, columns value channels):
 //!
@@ -89,7 +90,7 @@ fn zero_state(dims: &check::Bthd, like: &Tensor<4>) -> Tensor<4> {
     Tensor::zeros([b, h, d, d], (&like.device(), like.dtype()))
 }
 
-/// Linear Relation, one token at a time: the literal recurrence of spec §3.
+/// Linear Relation, one token at a time: the literal recurrence of `docs/maths.md#6-linear-relation`.
 ///
 /// `initial_state` defaults to zeros; the final state is returned so that a sequence can be
 /// continued (prefill, decoding, or splitting a long sequence).
@@ -212,7 +213,7 @@ pub fn naive_chunk_linear_relation(
 
 /// KDA-style log retention gates from a pre-activation: `g = -exp(a_log) * softplus(r + dt_bias)`.
 ///
-/// Provided here so that tests and models share the one parameterization of spec §3.
+/// Provided here so that tests and models share the one parameterization of `docs/maths.md#6-linear-relation`.
 ///
 /// # Shapes
 /// - `pre`: `[B, T, H, D]` (the low-rank projection `W_up W_down x`)

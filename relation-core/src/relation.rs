@@ -1,4 +1,4 @@
-//! Self-Exchange Relation (spec §1): the materialized and the factorized references.
+//! Self-Exchange Relation (`docs/maths.md#1-the-self-exchange-relation`): the materialized and the factorized references.
 //!
 //! One head, positions `i, j = 1..T` (one-based in the maths, zero-based in code):
 //!
@@ -12,7 +12,7 @@
 //! Y_i  = sum_j softmax(R_i)_j Ĩ_j
 //! ```
 //!
-//! The factorized form (spec §1.1) splits the softmax into the Self share `1 - g_i` and the
+//! The factorized form (`docs/maths.md#2-the-factorized-form`) splits the softmax into the Self share `1 - g_i` and the
 //! Exchange allocation `pi_ij = softmax_{j<i}(E_ij)`:
 //!
 //! ```text
@@ -38,7 +38,7 @@ use crate::error::Result;
 
 /// Per-row statistics of the factorized form, all `[B, T, H]`.
 ///
-/// These are what the fused kernel's backward saves (spec §1.3).
+/// These are what the fused kernel's backward saves (`docs/maths.md#4-flashrelation-backward`).
 #[derive(Debug, Clone)]
 pub struct RelationStats {
     /// `S_i = sigmoid(U_ii / tau_S)`, the Self relation.
@@ -153,7 +153,7 @@ pub fn naive_relation_weights(
     Ok(activation::softmax(relation, 3))
 }
 
-/// Materialized Self-Exchange Relation (spec §1): build `R`, softmax, multiply by Ĩ.
+/// Materialized Self-Exchange Relation (`docs/maths.md#1-the-self-exchange-relation`): build `R`, softmax, multiply by Ĩ.
 ///
 /// # Shapes
 /// - `p1`, `p2`, `info`: `[B, T, H, D]` (`p1`/`p2` after RoPE, `info` after Givens mixing)
@@ -176,7 +176,7 @@ pub fn naive_parallel_relation(
     Ok(y.swap_dims(1, 2)) // [B, T, H, D]
 }
 
-/// Factorized Self-Exchange Relation (spec §1.1): Self share and Exchange allocation apart.
+/// Factorized Self-Exchange Relation (`docs/maths.md#2-the-factorized-form`): Self share and Exchange allocation apart.
 ///
 /// Returns `Y` and the per-row statistics `(S, L, A, g)` that the fused kernel saves for its
 /// backward pass. Numerically stable for large `|U|`: the Exchange log-sum-exp subtracts the row
@@ -240,7 +240,7 @@ pub fn naive_factorized_relation(
 }
 
 /// The last `n` rows of the materialized relation, with keys and values for all `T` positions:
-/// the reference of incremental decoding with a Relation Cache (spec §4).
+/// the reference of incremental decoding with a Relation Cache (`docs/maths.md#8-the-relation-cache`).
 ///
 /// Queries `p1` are positions `T - n .. T`; `p2` (after RoPE) and `info` (Ĩ) cover `0 .. T`.
 /// With `n = T` this is [`naive_parallel_relation`]; with `n = 1` it is one decoding step, which

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod docs;
 mod errors;
 mod givens_rope;
 mod gradients;
