@@ -124,7 +124,7 @@ pub fn save(
     let model_path = tmp.join("model.bpk");
     model.save(&model_path)?;
     if std::env::var(CRASH_DURING_SAVE_ENV).as_deref() == Ok("1") {
-        eprintln!("{CRASH_DURING_SAVE_ENV}=1: aborting in the middle of a checkpoint write");
+        tracing::error!("{CRASH_DURING_SAVE_ENV}=1: aborting in the middle of a checkpoint write");
         std::process::abort();
     }
     let optim_path = tmp.join("optim.bpk");

@@ -233,8 +233,9 @@ pub struct TrainSpec {
     pub seq_len: usize,
     /// Sequences per forward/backward pass (micro-batch).
     pub batch_size: usize,
-    /// Target tokens per optimizer step: gradients of `tokens_per_step / (batch_size *
-    /// seq_len)` micro-batches (rounded up) are accumulated before each step.
+    /// Tokens per optimizer step: gradients of `tokens_per_step / (batch_size * seq_len)`
+    /// micro-batches are accumulated before each step. A whole number of micro-batches
+    /// (`validate` refuses anything else).
     pub tokens_per_step: usize,
     /// Peak learning rate.
     pub lr: f64,
@@ -307,13 +308,21 @@ impl TrainSpec {
         self.warmup_steps.unwrap_or(self.steps / 10)
     }
 
-    /// Micro-batches accumulated per optimizer step.
-    pub fn accumulation(&self) -> usize {
-        let per_pass = self.batch_size * self.seq_len;
-        self.tokens_per_step.div_ceil(per_pass).max(1)
+    /// Tokens in one micro-batch (one forward/backward pass): `batch_size * seq_len`.
+    pub fn micro_batch_tokens(&self) -> usize {
+        self.batch_size.saturating_mul(self.seq_len)
     }
 
-    /// Tokens per optimizer step actually used (a whole number of micro-batches).
+    /// Micro-batches accumulated per optimizer step (`tokens_per_step` over a micro-batch's
+    /// tokens; a `tokens_per_step` that [`RunConfig::validate`] accepts divides exactly).
+    pub fn accumulation(&self) -> usize {
+        self.tokens_per_step
+            .div_ceil(self.micro_batch_tokens().max(1))
+            .max(1)
+    }
+
+    /// Tokens per optimizer step actually used: a whole number of micro-batches, which is
+    /// `tokens_per_step` itself once the configuration validates.
     pub fn effective_tokens_per_step(&self) -> usize {
         self.accumulation() * self.batch_size * self.seq_len
     }
@@ -429,6 +438,24 @@ impl RunConfig {
         }
         if t.batch_size == 0 {
             return Err(invalid("train.batch_size", t.batch_size, "must be >= 1"));
+        }
+        let micro_batch = t.micro_batch_tokens();
+        if t.tokens_per_step == 0 || !t.tokens_per_step.is_multiple_of(micro_batch) {
+            let below = t.tokens_per_step / micro_batch * micro_batch;
+            let above = below.saturating_add(micro_batch);
+            let nearest = if below == 0 {
+                format!("{above}")
+            } else {
+                format!("{below} or {above}")
+            };
+            return Err(invalid(
+                "train.tokens_per_step",
+                t.tokens_per_step,
+                &format!(
+                    "must be a whole number of micro-batches of train.batch_size x train.seq_len = {} x {} = {micro_batch} tokens (e.g. {nearest}); set --tokens-per-step to a multiple of {micro_batch}, or change --batch-size / --seq-len",
+                    t.batch_size, t.seq_len
+                ),
+            ));
         }
         if !(t.lr.is_finite() && t.lr > 0.0) {
             return Err(invalid("train.lr", t.lr, "must be a positive number"));

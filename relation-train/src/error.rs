@@ -3,8 +3,6 @@
 use std::path::PathBuf;
 
 use relation_model::ModelError;
-
-use crate::train::NoCollective;
 use thiserror::Error;
 
 /// Why a command refused to start or stopped.
@@ -125,4 +123,45 @@ pub type Result<T> = core::result::Result<T, TrainError>;
 pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> TrainError {
     let path = path.into();
     move |source| TrainError::Io { path, source }
+}
+
+/// Why Burn 0.22's collective engine cannot all-reduce over a set of devices.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum NoCollective {
+    /// Devices of different backends (or different CubeCL runtimes): a collective runs over
+    /// the devices of one.
+    #[error(
+        "`{first}` and `{other}` are different backends, and a Burn collective runs over the devices of one backend"
+    )]
+    MixedBackends {
+        /// The first device.
+        first: String,
+        /// The first device of another backend.
+        other: String,
+    },
+    /// A backend without collective operations in Burn 0.22.
+    #[error("`{device}` is a {backend} device, and Burn 0.22 has no collective operations there")]
+    Backend {
+        /// The device, as given.
+        device: String,
+        /// Its backend.
+        backend: &'static str,
+    },
+    /// A CubeCL runtime without a transport between its devices (in CubeCL 0.11 only CUDA has
+    /// one, and only where the NCCL library is found).
+    #[error(
+        "`{device}` runs on CubeCL's {runtime} runtime, which has no transport between its devices (in CubeCL 0.11 only CUDA with NCCL has one)"
+    )]
+    NoTransport {
+        /// The device, as given.
+        device: String,
+        /// The runtime's name.
+        runtime: &'static str,
+    },
+    /// The same device twice: a collective gives each device one rank.
+    #[error("`{device}` is listed twice, and a collective gives each device one rank")]
+    Repeated {
+        /// The device, as given.
+        device: String,
+    },
 }

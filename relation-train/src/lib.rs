@@ -13,11 +13,10 @@ pub mod metrics;
 pub mod optim;
 pub mod precision;
 pub mod report;
-mod run_dir;
 pub mod sample;
 pub mod train;
 
 pub use config::{DataSpec, ModelSpec, Reduce, RunConfig, TrainSpec};
 pub use error::{Result, TrainError};
 pub use evaluate::{EvalResult, LoadedRun, evaluate, load_run};
-pub use train::{TrainOptions, TrainSummary, train};
+pub use train::{TrainEvent, TrainOptions, TrainSummary, train, train_with};

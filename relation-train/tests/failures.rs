@@ -188,7 +188,6 @@ fn bad_input_gets_a_clear_error() {
         ("--val-fraction", "0.7", "invalid `data.val_fraction` = 0.7"),
         ("--vocab-size", "10", "invalid `data.vocab_size` = 10"),
         ("--warmup-steps", "100", "must be <= train.steps = 8"),
-        ("--seq-len", "100000", "fewer than seq_len + 1 = 100001"),
         ("--n-heads", "3", "not divisible by n_heads = 3"),
         ("--preset", "huge", "unknown preset"),
         ("--pattern", "FX", "unknown mixer letter `X`"),
@@ -202,6 +201,15 @@ fn bad_input_gets_a_clear_error() {
         let _ = std::fs::remove_dir_all(&run);
         fails_with(&with(base.clone(), flag, value), &[], needle);
     }
+    // A context longer than the training split (with a step of whole micro-batches of it:
+    // 4 x 100,000 tokens).
+    let _ = std::fs::remove_dir_all(&run);
+    let long = with(base.clone(), "--seq-len", "100000");
+    fails_with(
+        &with(long, "--tokens-per-step", "400000"),
+        &[],
+        "fewer than seq_len + 1 = 100001",
+    );
 
     // Data files.
     let bad_jsonl = tmp.path().join("bad.jsonl");

@@ -1,12 +1,12 @@
-//! The pieces: schedule, data order, split, evaluation windows, device names.
+//! The pieces: schedule, step size, data order, split, evaluation windows, device names.
 
 use relation_kernels::device::parse_device;
-use relation_train::TrainSpec;
 use relation_train::data::{
     Batcher, DataPosition, Document, eval_windows, is_validation, split_units,
 };
 use relation_train::optim::wsd_lr;
 use relation_train::precision::{GROWTH_INTERVAL, INITIAL_SCALE, LossScale, MIN_SCALE, Precision};
+use relation_train::{RunConfig, TrainError, TrainSpec};
 
 #[test]
 fn wsd_schedule_warms_up_holds_and_decays() {
@@ -37,6 +37,37 @@ fn wsd_schedule_warms_up_holds_and_decays() {
         ..spec
     };
     assert_eq!(wsd_lr(1, &no_warmup), 1.0);
+}
+
+/// A step is a whole number of micro-batches: a `tokens_per_step` that is not one (or is 0) is
+/// refused with the value, the micro-batch and the nearest valid sizes, not rounded up.
+#[test]
+fn tokens_per_step_is_a_whole_number_of_micro_batches() {
+    let mut config = RunConfig::default();
+    let t = &mut config.train;
+    (t.batch_size, t.seq_len) = (16, 128);
+    for (tokens, nearest) in [
+        (7, "e.g. 2048)"),
+        (0, "e.g. 2048)"),
+        (5000, "e.g. 4096 or 6144)"),
+    ] {
+        config.train.tokens_per_step = tokens;
+        match config.validate() {
+            Err(TrainError::Invalid { name, value, rule }) => {
+                assert_eq!(
+                    (name, value.as_str()),
+                    ("train.tokens_per_step", &*tokens.to_string())
+                );
+                assert!(rule.contains("16 x 128 = 2048 tokens"), "{rule}");
+                assert!(rule.contains(nearest), "{rule}");
+            }
+            other => panic!("tokens_per_step {tokens}: {other:?}"),
+        }
+    }
+    config.train.tokens_per_step = 6144;
+    config.validate().unwrap();
+    assert_eq!(config.train.accumulation(), 3);
+    assert_eq!(config.train.effective_tokens_per_step(), 6144);
 }
 
 #[test]

@@ -1,13 +1,19 @@
 //! The `relation` command line: `train`, `eval`, `generate`, `export`, `report`.
 //!
 //! This file holds the commands and the small subcommands; `train_args.rs` holds `train`'s
-//! many flags and how they override a configuration.
+//! many flags and how they override a configuration, `progress.rs` how `train` shows a run
+//! as it goes, `generate.rs` and `export.rs` the `generate` and `export` commands.
 
+mod export;
+mod generate;
+mod progress;
 mod train_args;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+pub use export::{ExportArgs, ExportFormat};
+pub use generate::GenerateArgs;
 use relation_kernels::device::parse_device;
 pub use train_args::{DataFlags, ModelFlags, TrainArgs, TrainingFlags};
 
@@ -15,8 +21,9 @@ use crate::config::RunConfig;
 use crate::data::{self, DEFAULT_CORPUS_NAME};
 use crate::error::io;
 use crate::evaluate::{LoadedRun, evaluate, load_run};
-use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train};
+use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train_with};
 use crate::{Result, TrainError, checkpoint};
+use progress::Console;
 
 /// Train, evaluate and sample from Relation language models on any Burn backend.
 #[derive(Debug, Parser)]
@@ -74,28 +81,6 @@ impl RunSource {
     }
 }
 
-/// Formats `relation export` writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ExportFormat {
-    /// `safetensors` (tensor names are module paths, e.g. `blocks.0.mixer.projection.w1.weight`).
-    Safetensors,
-}
-
-/// `relation export`.
-#[derive(Debug, Args)]
-pub struct ExportArgs {
-    /// The run, and which of its checkpoints.
-    #[command(flatten)]
-    pub source: RunSource,
-    /// What to write.
-    #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
-    pub format: ExportFormat,
-    /// The weights file (default: <run-dir>/export/model.safetensors); model.json and
-    /// tokenizer.json are written into the same folder.
-    #[arg(long, value_name = "FILE")]
-    pub out: Option<PathBuf>,
-}
-
 /// How `--resume` finds where to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ResumeMode {
@@ -137,50 +122,6 @@ pub struct EvalArgs {
     pub device: Option<String>,
 }
 
-/// `relation generate`.
-#[derive(Debug, Args)]
-#[command(allow_negative_numbers = true)]
-pub struct GenerateArgs {
-    /// The run, and which of its checkpoints.
-    #[command(flatten)]
-    pub source: RunSource,
-    /// The text to continue; `-` reads it from standard input.
-    #[arg(long, default_value = "Call me", conflicts_with = "prompt_file")]
-    pub prompt: String,
-    /// Read the text to continue from this file.
-    #[arg(long, value_name = "FILE")]
-    pub prompt_file: Option<PathBuf>,
-    /// End the continuation where this text appears (repeatable; the text itself is not
-    /// printed). Generation always ends at the end-of-text token.
-    #[arg(long = "stop", value_name = "TEXT")]
-    pub stop: Vec<String>,
-    /// A prompt longer than the run's context (train.seq_len tokens) is refused unless this
-    /// is given; then only its last seq_len tokens are used.
-    #[arg(long)]
-    pub truncate_prompt: bool,
-    /// Tokens to generate.
-    #[arg(long, default_value_t = 200)]
-    pub max_new_tokens: usize,
-    /// Softmax temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.8)]
-    pub temperature: f64,
-    /// Keep the k most likely tokens (0 = all).
-    #[arg(long, default_value_t = 40)]
-    pub top_k: usize,
-    /// Keep the smallest set of tokens with this much probability (1 = all).
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f64,
-    /// Sampling seed.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Number of samples.
-    #[arg(long, default_value_t = 1)]
-    pub samples: usize,
-    /// Device (default: the run's).
-    #[arg(long)]
-    pub device: Option<String>,
-}
-
 fn unix_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -195,9 +136,9 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => run_train(&args),
         Command::Eval(args) => run_eval(&args),
-        Command::Generate(args) => crate::sample::run_generate(&args),
+        Command::Generate(args) => generate::run_generate(&args),
         Command::Report(args) => run_report(&args),
-        Command::Export(args) => crate::sample::run_export(&args),
+        Command::Export(args) => export::run_export(&args),
     }
 }
 
@@ -289,7 +230,8 @@ fn run_train(args: &TrainArgs) -> Result<()> {
             .join(", ")
     };
     println!("run: {} | data: {corpus_name}", run_dir.display());
-    let summary = train(
+    let mut console = Console::new(!args.no_progress);
+    let summary = train_with(
         config.clone(),
         &TrainOptions {
             run_dir,
@@ -297,11 +239,13 @@ fn run_train(args: &TrainArgs) -> Result<()> {
             from_checkpoint: args.from_checkpoint.clone(),
             overwrite: args.overwrite,
             stop_at: args.stop_at,
-            no_progress: args.no_progress,
             on_nan: args.on_nan,
             max_skipped_steps: args.max_skipped_steps,
         },
-    )?;
+        &mut |event| console.show(event),
+    );
+    console.close(summary.is_ok());
+    let summary = summary?;
     println!();
     println!(
         "{} at step {}/{}: {} tokens seen, {:.0} tokens/s on {} this session, {:.2}M parameters",

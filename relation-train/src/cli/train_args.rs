@@ -168,7 +168,8 @@ pub struct TrainingFlags {
     /// Sequences per forward/backward pass (default 16).
     #[arg(long, value_name = "N")]
     pub batch_size: Option<usize>,
-    /// Tokens per optimizer step; micro-batches are accumulated to reach it (default 2048).
+    /// Tokens per optimizer step, a multiple of --batch-size x --seq-len: that many
+    /// micro-batches are accumulated per step (default 2048).
     #[arg(long, value_name = "N")]
     pub tokens_per_step: Option<usize>,
     /// Peak learning rate (default 3e-3).

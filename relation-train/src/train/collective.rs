@@ -21,9 +21,9 @@ use burn::tensor::distributed::{
 };
 use burn::tensor::{Device, Tensor};
 use relation_model::RelationLm;
-use thiserror::Error;
 
 use crate::config::Reduce;
+use crate::error::NoCollective;
 use crate::{Result, TrainError};
 
 /// Test hook: the collective's arrangement (each replica sums its own micro-batches) with the
@@ -31,47 +31,6 @@ use crate::{Result, TrainError};
 /// device, which is what an all-reduce `Sum` of two replicas computes — so the arrangement is
 /// tested on devices where Burn has no collective. Set to `1`.
 pub const HOST_ALL_REDUCE_ENV: &str = "RELATION_TEST_HOST_ALL_REDUCE";
-
-/// Why Burn 0.22's collective engine cannot all-reduce over a set of devices.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum NoCollective {
-    /// Devices of different backends (or different CubeCL runtimes): a collective runs over
-    /// the devices of one.
-    #[error(
-        "`{first}` and `{other}` are different backends, and a Burn collective runs over the devices of one backend"
-    )]
-    MixedBackends {
-        /// The first device.
-        first: String,
-        /// The first device of another backend.
-        other: String,
-    },
-    /// A backend without collective operations in Burn 0.22.
-    #[error("`{device}` is a {backend} device, and Burn 0.22 has no collective operations there")]
-    Backend {
-        /// The device, as given.
-        device: String,
-        /// Its backend.
-        backend: &'static str,
-    },
-    /// A CubeCL runtime without a transport between its devices (in CubeCL 0.11 only CUDA has
-    /// one, and only where the NCCL library is found).
-    #[error(
-        "`{device}` runs on CubeCL's {runtime} runtime, which has no transport between its devices (in CubeCL 0.11 only CUDA with NCCL has one)"
-    )]
-    NoTransport {
-        /// The device, as given.
-        device: String,
-        /// The runtime's name.
-        runtime: &'static str,
-    },
-    /// The same device twice: a collective gives each device one rank.
-    #[error("`{device}` is listed twice, and a collective gives each device one rank")]
-    Repeated {
-        /// The device, as given.
-        device: String,
-    },
-}
 
 /// What a device is, as far as collectives go.
 enum Kind {

@@ -1,18 +1,18 @@
 //! After each step: its metrics row, the validation at the evaluation cadence, the log line at
-//! the log cadence, and the progress bar.
+//! the log cadence, and the progress event.
 
 use burn::module::Module;
 use relation_model::RelationLm;
 
-use super::Trainer;
 use super::step::StepDone;
+use super::{TrainEvent, Trainer};
 use crate::Result;
 use crate::evaluate::evaluate;
 use crate::metrics::Row;
 
 impl Trainer<'_> {
-    /// Records the step just done: evaluates `model` when due, prints the log line when due,
-    /// updates the progress bar and appends the metrics row.
+    /// Records the step just done: evaluates `model` when due, reports the log line when due
+    /// and the progress, and appends the metrics row.
     ///
     /// # Errors
     /// A model error while evaluating; a metrics log that cannot be written.
@@ -41,16 +41,20 @@ impl Trainer<'_> {
             self.evaluate(model, &mut row)?;
         }
         if step.is_multiple_of(self.run.t.log_every) || step == self.end {
-            self.say(format!(
+            self.say(&format!(
                 "step {step:>6} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tok/s | {} tokens",
                 row.tokens_per_s, tokens_seen
             ));
         }
-        self.bar.set_message(format!(
+        let status = format!(
             "loss {loss:.3} | lr {lr:.1e} | {:.0} tok/s",
             row.tokens_per_s
-        ));
-        self.bar.set_position(step);
+        );
+        (self.on_event)(TrainEvent::Progress {
+            step,
+            steps: self.run.t.steps,
+            status: &status,
+        });
         self.metrics.push(row)
     }
 
@@ -72,7 +76,7 @@ impl Trainer<'_> {
         row.val_loss = Some(result.loss);
         row.val_ppl = Some(result.perplexity);
         row.val_bpb = Some(result.bits_per_byte);
-        self.say(format!(
+        self.say(&format!(
             "step {:>6} | validation loss {:.4} | ppl {:.2} | {:.3} bits/byte ({} tokens)",
             self.progress.step, result.loss, result.perplexity, result.bits_per_byte, result.tokens
         ));

@@ -1,5 +1,4 @@
-//! The end of an invocation: the progress bar cleared, the closing sample of a finished run,
-//! and the summary.
+//! The end of an invocation: the closing sample of a finished run, and the summary.
 
 use burn::module::Module;
 use relation_model::{RelationLm, Sampling};
@@ -15,7 +14,6 @@ impl Trainer<'_> {
     /// # Errors
     /// A model or tokenizer error while sampling.
     pub(super) fn finish(self, model: &RelationLm) -> Result<TrainSummary> {
-        self.bar.finish_and_clear();
         let secs = self.started.elapsed().as_secs_f64();
         let p = self.progress;
         let tokens_per_s = (p.tokens_seen - self.tokens_at_start) as f64 / secs.max(1e-9);

@@ -9,12 +9,16 @@
 //! across devices), `evaluate.rs` (the step's metrics row, validation and log lines),
 //! `save.rs` (checkpoints and the loss curve) and `finish.rs` (the closing sample and
 //! summary). The phases share a `Trainer`; their order, and so every
-//! random draw, is the one a bit-exact resume depends on.
+//! random draw, is the one a bit-exact resume depends on. `run_dir.rs` decides how an
+//! invocation starts in its run directory; `events.rs` is what the run reports as it goes
+//! (the library prints nothing: the caller shows the events).
 
 mod collective;
 mod evaluate;
+mod events;
 mod finish;
 mod resume;
+mod run_dir;
 mod save;
 mod setup;
 mod step;
@@ -24,7 +28,6 @@ use std::time::Instant;
 
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::Result;
 use crate::config::RunConfig;
@@ -32,10 +35,14 @@ use crate::data::{Batcher, DataPosition};
 use crate::evaluate::EvalResult;
 use crate::metrics::Metrics;
 use crate::precision::{LossScale, Precision};
-use crate::run_dir::Start;
+use run_dir::Start;
 use setup::Run;
 
-pub use collective::{HOST_ALL_REDUCE_ENV, NoCollective, collective_support};
+pub use collective::{HOST_ALL_REDUCE_ENV, collective_support};
+pub use events::TrainEvent;
+// Defined with the crate's errors (the reason of `TrainError::Collective`); re-exported here
+// beside `collective_support`, which returns it.
+pub use crate::error::NoCollective;
 
 /// Test hook: a step number, or several separated by commas, whose loss is replaced by NaN (to
 /// exercise the divergence handling without waiting for a real divergence).
@@ -73,8 +80,6 @@ pub struct TrainOptions {
     pub overwrite: bool,
     /// End this invocation after this step (with a checkpoint).
     pub stop_at: Option<u64>,
-    /// No progress bar (log lines only).
-    pub no_progress: bool,
     /// What a non-finite loss or gradient norm does.
     pub on_nan: OnNan,
     /// With [`OnNan::Skip`], the most steps a run may skip before it stops.
@@ -89,7 +94,6 @@ impl Default for TrainOptions {
             from_checkpoint: None,
             overwrite: false,
             stop_at: None,
-            no_progress: false,
             on_nan: OnNan::Stop,
             max_skipped_steps: 10,
         }
@@ -122,11 +126,12 @@ pub struct TrainSummary {
 /// Upper bound of a bits-per-byte figure worth beating on the shipped corpus.
 pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
 
-/// Trains according to `config` in `opts.run_dir`, printing progress to stderr and a log to
-/// stdout. A directory becomes a run with its first checkpoint: a start that fails before one
-/// can be rerun (or resumed from step 0); one that has a checkpoint is continued with
-/// `opts.resume` or discarded with `opts.overwrite`. The directory is locked for the whole
-/// call, so a second writer gets an error instead of overwriting this one's work.
+/// Trains according to `config` in `opts.run_dir`, reporting as it goes through `tracing`
+/// (each log line an `info` event; see [`train_with`] to show them instead). A directory
+/// becomes a run with its first checkpoint: a start that fails before one can be rerun (or
+/// resumed from step 0); one that has a checkpoint is continued with `opts.resume` or
+/// discarded with `opts.overwrite`. The directory is locked for the whole call, so a second
+/// writer gets an error instead of overwriting this one's work.
 ///
 /// # Errors
 /// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
@@ -135,7 +140,21 @@ pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
 /// ([`TrainError::NonFinite`](crate::TrainError::NonFinite), or
 /// [`TrainError::SkipLimit`](crate::TrainError::SkipLimit) with [`OnNan::Skip`]).
 pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
-    let (run, start) = Run::setup(config, opts)?;
+    train_with(config, opts, &mut events::trace_event)
+}
+
+/// [`train`], handing each [`TrainEvent`] (the run's log lines and its progress) to
+/// `on_event` as it happens, for the caller to show; nothing is printed.
+///
+/// # Errors
+/// As [`train`].
+pub fn train_with(
+    config: RunConfig,
+    opts: &TrainOptions,
+    on_event: &mut dyn FnMut(TrainEvent<'_>),
+) -> Result<TrainSummary> {
+    let mut log = |line: String| on_event(TrainEvent::Log(&line));
+    let (run, start) = Run::setup(config, opts, &mut log)?;
     let mut model = run.init_model()?;
     let mut progress = Progress::fresh(run.t.precision);
     if run.t.precision == Precision::F16
@@ -146,11 +165,11 @@ pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
         progress.loss_scale.scale = scale;
     }
     if let Start::Resume(changes) = &start {
-        (model, progress) = run.resume(model, changes)?;
+        (model, progress) = run.resume(model, changes, &mut log)?;
     }
     let optim = run.optimizer(&model, &progress)?;
-    run.announce(&model);
-    let mut trainer = Trainer::new(run, progress, optim, model.num_params())?;
+    run.announce(&model, &mut log);
+    let mut trainer = Trainer::new(run, progress, optim, model.num_params(), on_event)?;
     while trainer.progress.step < trainer.end {
         let (updated, done) = trainer.step(model)?;
         model = updated;
@@ -198,8 +217,8 @@ impl Progress {
     }
 }
 
-/// A run being trained: its setup, optimizer, data order, metrics and progress display, and
-/// where it is. The model itself is passed through the phases by value, because the optimizer
+/// A run being trained: its setup, optimizer, data order, metrics, where it is, and where its
+/// events go. The model itself is passed through the phases by value, because the optimizer
 /// consumes it on every update.
 struct Trainer<'a> {
     run: Run<'a>,
@@ -207,7 +226,8 @@ struct Trainer<'a> {
     optim: ModuleOptimizer,
     batcher: Batcher,
     metrics: Metrics,
-    bar: ProgressBar,
+    /// The caller's [`TrainEvent`] handler.
+    on_event: &'a mut dyn FnMut(TrainEvent<'_>),
     /// Trainable parameters (for the summary).
     params: usize,
     /// Bytes of validation text per validation token (bits per byte).
@@ -225,8 +245,8 @@ struct Trainer<'a> {
 }
 
 impl<'a> Trainer<'a> {
-    /// The data order at the run's position, the metrics log (cut back to the resumed step)
-    /// and the progress bar; the clock starts here.
+    /// The data order at the run's position and the metrics log (cut back to the resumed
+    /// step); reports where the run starts, and the clock starts here.
     ///
     /// # Errors
     /// A training split shorter than one window, an unreadable metrics log.
@@ -235,6 +255,7 @@ impl<'a> Trainer<'a> {
         progress: Progress,
         optim: ModuleOptimizer,
         params: usize,
+        on_event: &'a mut dyn FnMut(TrainEvent<'_>),
     ) -> Result<Self> {
         let t = &run.t;
         let batcher = Batcher::new(run.corpus.train.len(), t.seq_len, t.seed, progress.position)?;
@@ -246,18 +267,11 @@ impl<'a> Trainer<'a> {
             .unwrap_or_default();
 
         let end = run.opts.stop_at.map_or(t.steps, |s| s.min(t.steps));
-        let bar = if run.opts.no_progress {
-            ProgressBar::hidden()
-        } else {
-            ProgressBar::with_draw_target(Some(t.steps), ProgressDrawTarget::stderr())
-        };
-        bar.set_style(
-            ProgressStyle::with_template(
-                "{bar:30} {pos}/{len} steps [{elapsed_precise} < {eta_precise}] {msg}",
-            )
-            .expect("valid template"),
-        );
-        bar.set_position(progress.step);
+        on_event(TrainEvent::Progress {
+            step: progress.step,
+            steps: t.steps,
+            status: "",
+        });
 
         let started = Instant::now();
         let tokens_at_start = progress.tokens_seen;
@@ -275,7 +289,7 @@ impl<'a> Trainer<'a> {
             optim,
             batcher,
             metrics,
-            bar,
+            on_event,
             params,
             val_bytes_per_token,
             poison_steps,
@@ -286,8 +300,8 @@ impl<'a> Trainer<'a> {
         })
     }
 
-    /// Prints a log line without tearing the progress bar.
-    fn say(&self, line: String) {
-        self.bar.suspend(|| println!("{line}"));
+    /// Reports a line of the run's log.
+    fn say(&mut self, line: &str) {
+        (self.on_event)(TrainEvent::Log(line));
     }
 }

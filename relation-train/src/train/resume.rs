@@ -5,18 +5,19 @@ use burn::optim::ModuleOptimizer;
 use relation_model::RelationLm;
 
 use super::Progress;
+use super::run_dir::record_changes;
 use super::setup::Run;
 use crate::checkpoint;
 use crate::config::Change;
 use crate::optim::adamw;
 use crate::precision::Precision;
-use crate::run_dir::record_changes;
 use crate::{Result, TrainError};
 
 impl Run<'_> {
     /// Continues from the checkpoint [`checkpoint::resume_point`] chooses (the latest that
     /// verifies, or `--from-checkpoint`): loads its weights into `model` and returns where the
-    /// run is; records the configuration `changes` the resume brings.
+    /// run is; records the configuration `changes` the resume brings. Says through `log` which
+    /// checkpoint it continues from (and any it skipped or set aside) and each change.
     ///
     /// # Errors
     /// No checkpoint that verifies, one made with another seed, weights that do not decode.
@@ -24,6 +25,7 @@ impl Run<'_> {
         &self,
         model: RelationLm,
         changes: &[Change],
+        log: &mut dyn FnMut(String),
     ) -> Result<(RelationLm, Progress)> {
         let run = &self.opts.run_dir;
         let (dir, state) = checkpoint::resume_point(
@@ -31,7 +33,7 @@ impl Run<'_> {
             self.opts.from_checkpoint.as_deref(),
             &self.model_json,
             &self.corpus.tokenizer_json,
-            &mut |line| println!("{line}"),
+            log,
         )?;
         if state.seed != self.t.seed {
             return Err(TrainError::Checkpoint {
@@ -58,10 +60,10 @@ impl Run<'_> {
             checkpoint_dir: dir,
         };
         let step = progress.step;
-        println!(
+        log(format!(
             "resume: {} (step {step})",
             progress.checkpoint_dir.display()
-        );
+        ));
         tracing::info!(
             checkpoint = %progress.checkpoint_dir.display(),
             step,
@@ -72,7 +74,7 @@ impl Run<'_> {
             "resuming"
         );
         if !changes.is_empty() {
-            record_changes(run, step, changes, &self.config)?;
+            record_changes(run, step, changes, &self.config, log)?;
         }
         Ok((model, progress))
     }

@@ -52,7 +52,7 @@ impl Trainer<'_> {
             run.device_names.join(" + ")
         );
         if let Err(why) = self.metrics.plot(&title) {
-            self.say(format!("loss curve not drawn: {why}"));
+            self.say(&format!("loss curve not drawn: {why}"));
         }
         Ok(())
     }

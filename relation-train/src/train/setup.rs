@@ -12,12 +12,12 @@ use tokenizers::Tokenizer;
 
 use super::TrainOptions;
 use super::collective::Reduction;
+use super::run_dir::{Start, open_run};
 use crate::config::{RunConfig, TrainSpec};
 use crate::data::{self, Corpus};
 use crate::error::io;
 use crate::fs::{RunLock, write_atomic};
 use crate::precision::Precision;
-use crate::run_dir::{Start, open_run};
 use crate::{Result, TrainError};
 
 /// What a run is, fixed before its first step: the settings, the devices, the data and the
@@ -51,12 +51,17 @@ pub(super) struct Run<'a> {
 
 impl<'a> Run<'a> {
     /// Checks the settings, opens the devices, locks and opens the run directory, prepares the
-    /// data, and writes the run's identity files (or, on resume, checks them).
+    /// data, and writes the run's identity files (or, on resume, checks them); says what it
+    /// decided (a run discarded, data tokenized or reused) through `log`.
     ///
     /// # Errors
     /// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
     /// directory in use; on resume, data or settings that no longer give the run's identity.
-    pub(super) fn setup(config: RunConfig, opts: &'a TrainOptions) -> Result<(Self, Start)> {
+    pub(super) fn setup(
+        config: RunConfig,
+        opts: &'a TrainOptions,
+        log: &mut dyn FnMut(String),
+    ) -> Result<(Self, Start)> {
         config.validate()?;
         if let Some(stop) = opts.stop_at
             && stop == 0
@@ -83,7 +88,7 @@ impl<'a> Run<'a> {
         let reduction = Reduction::open(config.reduce, &device_names, &replicas)?;
         let t = config.train.clone();
         let lock = RunLock::acquire(&opts.run_dir)?;
-        let start = open_run(&config, opts)?;
+        let start = open_run(&config, opts, log)?;
         let resume = matches!(start, Start::Resume(_));
         tracing::info!(
             run_dir = %opts.run_dir.display(),
@@ -93,7 +98,7 @@ impl<'a> Run<'a> {
             "run start"
         );
 
-        let corpus = data::prepare(&config.data, &mut |line| println!("{line}"))?;
+        let corpus = data::prepare(&config.data, log)?;
         let model_config = config.model.resolve(corpus.meta.vocab_size)?;
         let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
         write_or_check_identity(&opts.run_dir, &config, resume, &corpus, &model_json)?;
@@ -129,12 +134,12 @@ impl<'a> Run<'a> {
         Ok(self.model_config.init(device)?)
     }
 
-    /// Prints the run's one-line description: the model, its ablation switches, the devices
-    /// and the step size.
-    pub(super) fn announce(&self, model: &RelationLm) {
+    /// The run's one-line description through `log`: the model, its ablation switches, the
+    /// devices and the step size (and how data parallel sums the gradients).
+    pub(super) fn announce(&self, model: &RelationLm, log: &mut dyn FnMut(String)) {
         let c = &self.model_config;
         let t = &self.t;
-        println!(
+        log(format!(
             "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
             c.n_layers,
             c.pattern,
@@ -154,9 +159,9 @@ impl<'a> Run<'a> {
             t.accumulation(),
             t.effective_tokens_per_step(),
             t.steps
-        );
+        ));
         if let Some(how) = self.reduction.describe(&self.device_names) {
-            println!("data parallel: {how}");
+            log(format!("data parallel: {how}"));
         }
     }
 }

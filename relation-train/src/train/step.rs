@@ -96,7 +96,7 @@ impl Trainer<'_> {
                 scale = new_scale,
                 "f16 gradients overflowed; loss scale halved"
             );
-            self.say(format!(
+            self.say(&format!(
                 "step {step:>6} | f16 gradients overflowed: update skipped, loss scale {scale} -> {new_scale}"
             ));
         } else if let Some((what, value)) = not_finite {
@@ -137,7 +137,6 @@ impl Trainer<'_> {
         let step = self.progress.step;
         let opts = self.run.opts;
         if opts.on_nan == OnNan::Stop {
-            self.bar.abandon();
             return Err(TrainError::NonFinite {
                 step,
                 what,
@@ -146,7 +145,6 @@ impl Trainer<'_> {
             });
         }
         if self.progress.skipped >= opts.max_skipped_steps {
-            self.bar.abandon();
             return Err(TrainError::SkipLimit {
                 step,
                 limit: opts.max_skipped_steps,
@@ -155,7 +153,7 @@ impl Trainer<'_> {
         }
         self.progress.skipped += 1;
         tracing::warn!(step, what, value, "non-finite step skipped");
-        self.say(format!(
+        self.say(&format!(
             "step {step:>6} | {what} is {value}: update skipped ({} of at most {} skips)",
             self.progress.skipped, opts.max_skipped_steps
         ));

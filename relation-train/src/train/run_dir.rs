@@ -4,11 +4,11 @@
 use std::fs;
 use std::path::Path;
 
+use super::TrainOptions;
 use crate::checkpoint;
 use crate::config::{Change, RunConfig};
 use crate::error::io;
 use crate::fs::write_atomic;
-use crate::train::TrainOptions;
 use crate::{Result, TrainError};
 
 /// The files that make a run (all `train` writes besides the lock); what `--overwrite` and a
@@ -39,15 +39,20 @@ fn clear_run(run: &Path) -> Result<()> {
 }
 
 /// How this invocation starts.
-pub(crate) enum Start {
+pub(super) enum Start {
     /// From step 0: a new run, or one whose earlier start left no checkpoint.
     Fresh,
     /// From a checkpoint, with these recorded changes of the configuration.
     Resume(Vec<Change>),
 }
 
-/// Decides how to start in the (locked) run directory, clearing what a fresh start replaces.
-pub(crate) fn open_run(config: &RunConfig, opts: &TrainOptions) -> Result<Start> {
+/// Decides how to start in the (locked) run directory, clearing what a fresh start replaces;
+/// says through `log` what it decided when that is not the plain fresh start or resume.
+pub(super) fn open_run(
+    config: &RunConfig,
+    opts: &TrainOptions,
+    log: &mut dyn FnMut(String),
+) -> Result<Start> {
     let run = &opts.run_dir;
     let has_checkpoint = checkpoint::any(run);
     let refuse = |reason: String| TrainError::RunDir {
@@ -77,8 +82,8 @@ pub(crate) fn open_run(config: &RunConfig, opts: &TrainOptions) -> Result<Start>
                 rule: "the run has no checkpoint yet".into(),
             });
         }
-        println!(
-            "resume: the run has no checkpoint yet (its first start stopped before one); starting from step 0 with its configuration"
+        log(
+            "resume: the run has no checkpoint yet (its first start stopped before one); starting from step 0 with its configuration".into(),
         );
     } else if has_checkpoint {
         if !opts.overwrite {
@@ -92,39 +97,44 @@ pub(crate) fn open_run(config: &RunConfig, opts: &TrainOptions) -> Result<Start>
                 "already holds a run; pass --resume to continue it, --overwrite to discard it, or choose another --run-dir{at}"
             )));
         }
-        println!("overwrite: discarding the run in {}", run.display());
+        log(format!(
+            "overwrite: discarding the run in {}",
+            run.display()
+        ));
     } else if run.join("config.json").exists() {
-        println!(
-            "run directory: an earlier start left no checkpoint; starting afresh with this configuration"
+        log(
+            "run directory: an earlier start left no checkpoint; starting afresh with this configuration".into(),
         );
     }
     clear_run(run)?;
     Ok(Start::Fresh)
 }
 
-/// Appends the changes to the run's `changes.jsonl` and saves the configuration they make.
-pub(crate) fn record_changes(
+/// Appends the changes to the run's `changes.jsonl` and saves the configuration they make;
+/// names each change through `log`.
+pub(super) fn record_changes(
     run: &Path,
     step: u64,
     changes: &[Change],
     config: &RunConfig,
+    log: &mut dyn FnMut(String),
 ) -> Result<()> {
     let path = run.join("changes.jsonl");
-    let mut log = if path.exists() {
+    let mut lines = if path.exists() {
         fs::read_to_string(&path).map_err(io(&path))?
     } else {
         String::new()
     };
     for c in changes {
         let line = serde_json::json!({ "step": step, "key": c.key, "from": c.from, "to": c.to });
-        log.push_str(&line.to_string());
-        log.push('\n');
-        println!(
+        lines.push_str(&line.to_string());
+        lines.push('\n');
+        log(format!(
             "resume: {} changes from {} to {} at step {step}; recorded in changes.jsonl (the run is no longer reproducible from its first configuration alone)",
             c.key, c.from, c.to
-        );
+        ));
     }
-    write_atomic(&path, log.as_bytes())?;
+    write_atomic(&path, lines.as_bytes())?;
     let json = serde_json::to_string_pretty(config).expect("config serializes");
     write_atomic(&run.join("config.json"), json.as_bytes())
 }

@@ -1,0 +1,147 @@
+//! `relation generate`: a run's checkpoint continues a prompt, streamed to standard output
+//! (the sampling itself is [`crate::sample::stream_continuation`]).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::Args;
+use relation_model::Sampling;
+
+use super::RunSource;
+use crate::data;
+use crate::error::io;
+use crate::sample::stream_continuation;
+use crate::{Result, TrainError};
+
+/// `relation generate`.
+#[derive(Debug, Args)]
+#[command(allow_negative_numbers = true)]
+pub struct GenerateArgs {
+    /// The run, and which of its checkpoints.
+    #[command(flatten)]
+    pub source: RunSource,
+    /// The text to continue; `-` reads it from standard input.
+    #[arg(long, default_value = "Call me", conflicts_with = "prompt_file")]
+    pub prompt: String,
+    /// Read the text to continue from this file.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// End the continuation where this text appears (repeatable; the text itself is not
+    /// printed). Generation always ends at the end-of-text token.
+    #[arg(long = "stop", value_name = "TEXT")]
+    pub stop: Vec<String>,
+    /// A prompt longer than the run's context (train.seq_len tokens) is refused unless this
+    /// is given; then only its last seq_len tokens are used.
+    #[arg(long)]
+    pub truncate_prompt: bool,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 200)]
+    pub max_new_tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f64,
+    /// Keep the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens with this much probability (1 = all).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f64,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Number of samples.
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// Device (default: the run's).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+/// The prompt text: `--prompt-file`, `--prompt -` (standard input) or `--prompt`.
+fn prompt_text(args: &GenerateArgs) -> Result<String> {
+    if let Some(path) = &args.prompt_file {
+        return std::fs::read_to_string(path).map_err(io(path));
+    }
+    if args.prompt == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(io("standard input"))?;
+        return Ok(text);
+    }
+    Ok(args.prompt.clone())
+}
+
+/// Runs `relation generate`.
+///
+/// # Errors
+/// A run or checkpoint that cannot be loaded; a bad prompt or sampling setting.
+pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
+    let run = args.source.load(&args.device)?;
+    let text = prompt_text(args)?;
+    let mut prompt = data::encode(&run.tokenizer, &text)?;
+    if prompt.is_empty() {
+        return Err(TrainError::Invalid {
+            name: "--prompt",
+            value: format!("{text:?}"),
+            rule: "must encode to at least one token".into(),
+        });
+    }
+    let context = run.config.train.seq_len;
+    let mut shown = text.clone();
+    if prompt.len() > context {
+        if !args.truncate_prompt {
+            return Err(TrainError::Invalid {
+                name: "--prompt",
+                value: format!("{} tokens", prompt.len()),
+                rule: format!(
+                    "is longer than the run's context of {context} tokens (train.seq_len); shorten it, or pass --truncate-prompt to use its last {context} tokens"
+                ),
+            });
+        }
+        prompt.drain(..prompt.len() - context);
+        shown = format!("…{}", data::decode(&run.tokenizer, &prompt)?);
+        eprintln!("note: the prompt was cut to its last {context} tokens (--truncate-prompt)");
+    }
+    if prompt.len() + args.max_new_tokens > context {
+        eprintln!(
+            "note: positions past {context} (the trained context) extrapolate; quality may drop there"
+        );
+    }
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        return Err(TrainError::Invalid {
+            name: "--top-p",
+            value: args.top_p.to_string(),
+            rule: "must be in (0, 1] (1 = no nucleus cut)".into(),
+        });
+    }
+    if args.samples == 0 {
+        return Err(TrainError::Invalid {
+            name: "--samples",
+            value: "0".into(),
+            rule: "must be >= 1".into(),
+        });
+    }
+    let stop_tokens: Vec<u32> = run.tokenizer.token_to_id(data::EOT).into_iter().collect();
+    let mut out = std::io::stdout().lock();
+    for i in 0..args.samples {
+        let sampling = Sampling {
+            max_new_tokens: args.max_new_tokens,
+            temperature: args.temperature,
+            top_k: (args.top_k > 0).then_some(args.top_k),
+            top_p: (args.top_p < 1.0).then_some(args.top_p),
+            seed: args.seed.wrapping_add(i as u64),
+            stop_tokens: stop_tokens.clone(),
+        };
+        write!(out, "{shown}").map_err(io("standard output"))?;
+        out.flush().map_err(io("standard output"))?;
+        stream_continuation(&run, &prompt, &sampling, &args.stop, &mut |piece| {
+            write!(out, "{piece}").map_err(io("standard output"))?;
+            out.flush().map_err(io("standard output"))
+        })?;
+        writeln!(out).map_err(io("standard output"))?;
+        if i + 1 < args.samples {
+            writeln!(out, "---").map_err(io("standard output"))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,140 @@
+//! `relation generate` and `relation export`: streamed sampling that ends at end-of-text or a
+//! stop string, prompts from files and standard input, and the standalone safetensors model.
+
+use crate::common::*;
+
+#[test]
+fn generation_stops_at_end_of_text_streams_and_exports() {
+    let tmp = tempfile::tempdir().unwrap();
+    // One short sentence per document: every document ends with <|endoftext|>, so a trained
+    // model ends its continuation there.
+    let data = tmp.path().join("sat.jsonl");
+    let names = ["cat", "dog", "fox", "owl"];
+    let lines: String = (0..3000)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"the {} sat on the mat.\"}}\n",
+                names[(i * 7 + i / 5) % 4]
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines).unwrap();
+    let run = tmp.path().join("run");
+    let cache = tmp.path().join("cache");
+    let args = with(
+        with(
+            with(
+                with(tiny_args(&run, &cache, &data), "--steps", "40"),
+                "--eval-every",
+                "40",
+            ),
+            "--checkpoint-every",
+            "40",
+        ),
+        "--sample-tokens",
+        "0",
+    );
+    ok(&with(
+        with(args, "--split", "contiguous"),
+        "--warmup-steps",
+        "4",
+    ));
+    let r = run.to_str().unwrap().to_string();
+    let generate = |extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = ["generate", "--run-dir", &r, "--temperature", "0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a
+    };
+    let stdout = |args: &[String]| {
+        let out = relation(args, &[]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // Greedy: the sentence, then end-of-text ends it (30 tokens would allow three more
+    // sentences); no special token is printed.
+    let out = stdout(&generate(&[
+        "--prompt",
+        "the owl",
+        "--max-new-tokens",
+        "30",
+    ]));
+    assert_eq!(out, "the owl sat on the mat.\n");
+    // A stop string ends it earlier, and is not printed.
+    let out = stdout(&generate(&[
+        "--prompt",
+        "the owl",
+        "--max-new-tokens",
+        "30",
+        "--stop",
+        " on",
+    ]));
+    assert_eq!(out, "the owl sat\n");
+    // The prompt from a file, and from standard input.
+    let file = tmp.path().join("prompt.txt");
+    std::fs::write(&file, "the dog").unwrap();
+    let out = stdout(&generate(&["--prompt-file", file.to_str().unwrap()]));
+    assert_eq!(out, "the dog sat on the mat.\n");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_relation"))
+        .args(generate(&["--prompt", "-"]))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child.stdin.take().unwrap().write_all(b"the fox").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        "the fox sat on the mat.\n"
+    );
+    // A prompt longer than the context (32 tokens) is refused, or cut with --truncate-prompt.
+    let long = "the cat sat on the mat. ".repeat(12);
+    fails_with(
+        &generate(&["--prompt", &long]),
+        &[],
+        "longer than the run's context of 32 tokens",
+    );
+    let out = relation(
+        &generate(&[
+            "--prompt",
+            &long,
+            "--truncate-prompt",
+            "--max-new-tokens",
+            "3",
+        ]),
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("cut to its last 32 tokens"),
+        "{}",
+        text(&out)
+    );
+
+    // Export: safetensors (an 8-byte header length, then a JSON header naming the tensors)
+    // with the configuration and the tokenizer beside it.
+    let dest = tmp.path().join("export/m.safetensors");
+    let out = ok(&[
+        "export".into(),
+        "--run-dir".into(),
+        r.clone(),
+        "--out".into(),
+        dest.to_str().unwrap().into(),
+    ]);
+    assert!(out.contains("step 40"), "{out}");
+    let bytes = std::fs::read(&dest).unwrap();
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
+    assert!(header.contains("embedding.weight"), "{header}");
+    for name in ["model.json", "tokenizer.json"] {
+        assert_eq!(
+            std::fs::read(tmp.path().join("export").join(name)).unwrap(),
+            std::fs::read(run.join(name)).unwrap()
+        );
+    }
+}

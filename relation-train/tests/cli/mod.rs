@@ -1,0 +1,10 @@
+//! The command line end to end on a tiny model, one file per subject: a run's life (train,
+//! stop and resume with bit-identical losses, eval, generate), `train`'s flags, devices and
+//! data parallel, mixed precision, `generate` and `export`, `report`.
+
+mod devices;
+mod flags;
+mod generate;
+mod precision;
+mod report;
+mod run;
