@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build, here, what a lent GPU machine runs (it has no Rust toolchain and no network): the kernel
+# Build, here, what a GPU machine without a Rust toolchain or network access runs: the kernel
 # test binary, both benchmarks and the `relation` trainer, stripped and xz-compressed into .gpu/
 # (git-ignored), with the Vulkan loader packages in .gl/.
 #
@@ -8,7 +8,7 @@
 #                                 # (PTX through LLVM; needs only the NVIDIA driver there). Installs
 #                                 # the LLVM SDK with the NVPTX backend first (scripts/llvm-sdk.sh).
 #
-# Then, with the device tool: carry [".gpu", ".gl"], command `bash scripts/gpu/run.sh`.
+# Then copy .gpu and .gl to the GPU machine and run `bash scripts/gpu/run.sh` there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
@@ -43,7 +43,7 @@ while read -r name path; do
 done < .gpu/binaries.txt
 ls -la .gpu
 
-# The Vulkan loader for the GPU machine (see the device tool's README).
+# The Vulkan loader for the GPU machine (it may have a driver but no loader).
 if [ ! -d .gl ]; then
   grep -qx '/.gl/' .git/info/exclude || echo '/.gl/' >> .git/info/exclude
   mkdir -p .gl /tmp/amd64/partial
@@ -52,11 +52,11 @@ if [ ! -d .gl ]; then
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
 du -sh .gpu .gl
-# The device tool carries at most 64 MiB per call. A `--cuda` build links all of LLVM's targets
+# The bundle is meant for small uploads (at most 64 MiB). A `--cuda` build links all of LLVM's targets
 # (the SDK's llvm-config profile with the extra-targets wheel) and measured 127 MiB here
 # (four binaries of ~32 MiB): carry only what a call runs, one binary per call, until the build
 # links NVPTX + X86 alone.
 total=$(du -sm .gpu .gl | awk '{s += $1} END {print s}')
 if [ "$total" -gt 64 ]; then
-  echo "warning: .gpu + .gl is ${total} MiB, over the device tool's 64 MiB carry limit" >&2
+  echo "warning: .gpu + .gl is ${total} MiB, over the 64 MiB upload budget" >&2
 fi

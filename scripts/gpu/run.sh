@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs on a lent GPU machine (no toolchain, no network), from the repository root, with .gpu/
+# Runs on a GPU machine without a toolchain or network access, from the repository root, with .gpu/
 # and .gl/ carried (see build.sh). Writes its logs and tables under $OUT. At most 9.5 minutes
 # (the sum of its timeouts), usually far less. With a `--cuda` build (.gpu/features names
 # `cuda`) every step runs on CUDA as well, with shorter Vulkan steps to fit.
