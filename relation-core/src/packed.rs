@@ -39,6 +39,21 @@ fn packed_inputs(
     segments.check_packed("p1", &p1.dims())
 }
 
+/// Checks the packed Relation inputs, then runs `f` on each segment's rows of `(p1, p2, info)`,
+/// in order.
+fn per_segment<T>(
+    [p1, p2, info]: [Tensor<4>; 3],
+    tau_s: f64,
+    segments: &Segments,
+    f: impl Fn([Tensor<4>; 3]) -> Result<T>,
+) -> Result<Vec<T>> {
+    packed_inputs(&p1, &p2, &info, tau_s, segments)?;
+    segments
+        .bounds()
+        .map(|seg| f([rows(&p1, seg), rows(&p2, seg), rows(&info, seg)]))
+        .collect()
+}
+
 /// Self-Exchange Relation over packed segments: [`naive_parallel_relation`] of each segment alone.
 ///
 /// # Shapes
@@ -55,19 +70,9 @@ pub fn naive_packed_relation(
     tau_s: f64,
     segments: &Segments,
 ) -> Result<Tensor<4>> {
-    packed_inputs(&p1, &p2, &info, tau_s, segments)?;
-    let ys = segments
-        .bounds()
-        .map(|seg| {
-            naive_parallel_relation(
-                rows(&p1, seg),
-                rows(&p2, seg),
-                rows(&info, seg),
-                lambda.clone(),
-                tau_s,
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let ys = per_segment([p1, p2, info], tau_s, segments, |[p1, p2, info]| {
+        naive_parallel_relation(p1, p2, info, lambda.clone(), tau_s)
+    })?;
     Ok(Tensor::cat(ys, 1))
 }
 
@@ -87,19 +92,9 @@ pub fn naive_packed_factorized_relation(
     tau_s: f64,
     segments: &Segments,
 ) -> Result<FactorizedRelation> {
-    packed_inputs(&p1, &p2, &info, tau_s, segments)?;
-    let parts = segments
-        .bounds()
-        .map(|seg| {
-            naive_factorized_relation(
-                rows(&p1, seg),
-                rows(&p2, seg),
-                rows(&info, seg),
-                lambda.clone(),
-                tau_s,
-            )
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let parts = per_segment([p1, p2, info], tau_s, segments, |[p1, p2, info]| {
+        naive_factorized_relation(p1, p2, info, lambda.clone(), tau_s)
+    })?;
     let cat = |f: fn(&FactorizedRelation) -> Tensor<3>| {
         Tensor::cat(parts.iter().map(f).collect(), 1) // [1, total, H]
     };
