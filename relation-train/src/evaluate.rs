@@ -3,12 +3,13 @@
 use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
+use relation_core::Segments;
 use relation_model::{RelationLm, RelationLmConfig};
 use tokenizers::Tokenizer;
 
 use crate::checkpoint;
-use crate::config::RunConfig;
-use crate::data::eval_windows;
+use crate::config::{Packing, RunConfig};
+use crate::data::{document_segments, eval_windows};
 use crate::error::io;
 use crate::optim::token_nll;
 use crate::{Result, TrainError};
@@ -26,21 +27,53 @@ pub struct EvalResult {
     pub bits_per_byte: f64,
 }
 
-/// Evaluates `model` (no autodiff needed) on non-overlapping windows of `seq_len` over
-/// `stream`, stopping after `max_tokens` predicted tokens (0 = all). `bytes_per_token` turns
-/// nats per token into bits per byte (the stream's bytes over its tokens).
+/// How [`evaluate`] reads a token stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EvalOptions {
+    /// Tokens per window (the run's context length).
+    pub seq_len: usize,
+    /// Windows per forward pass.
+    pub batch_size: usize,
+    /// Stop after this many predicted tokens (0 = the whole stream).
+    pub max_tokens: usize,
+    /// The stream's UTF-8 bytes over its tokens: turns nats per token into bits per byte.
+    pub bytes_per_token: f64,
+    /// `Some(<|endoftext|>'s id)`: each window is cut into documents at that token and they
+    /// are computed apart, as a run with `--packing documents` trains; `None`: each window is
+    /// one sequence. Validation losses compare between runs of the same layout.
+    pub document_marker: Option<u32>,
+}
+
+impl EvalOptions {
+    /// The options a run evaluates with: its context length and micro-batch size, in
+    /// `packing`'s layout (the run's own is `config.data.packing`), documents cut at `eot`.
+    pub fn for_run(
+        config: &RunConfig,
+        packing: Packing,
+        max_tokens: usize,
+        bytes_per_token: f64,
+        eot: Option<u32>,
+    ) -> Self {
+        Self {
+            seq_len: config.train.seq_len,
+            batch_size: config.train.batch_size,
+            max_tokens,
+            bytes_per_token,
+            document_marker: match packing {
+                Packing::Documents => eot,
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Evaluates `model` (no autodiff needed) on non-overlapping windows of `opts.seq_len` over
+/// `stream`, in batches of `opts.batch_size` windows, in the layout `opts` names.
 ///
 /// # Errors
 /// Model errors; [`TrainError::Data`] for a stream shorter than two tokens.
-pub fn evaluate(
-    model: &RelationLm,
-    stream: &[u32],
-    seq_len: usize,
-    batch_size: usize,
-    max_tokens: usize,
-    bytes_per_token: f64,
-) -> Result<EvalResult> {
-    let windows = eval_windows(stream.len(), seq_len, max_tokens);
+pub fn evaluate(model: &RelationLm, stream: &[u32], opts: &EvalOptions) -> Result<EvalResult> {
+    let windows = eval_windows(stream.len(), opts.seq_len, opts.max_tokens);
     if windows.is_empty() {
         return Err(TrainError::Data(format!(
             "{} tokens: evaluation needs at least two",
@@ -55,7 +88,7 @@ pub fn evaluate(
     while i < windows.len() {
         let n = windows[i].1;
         let mut rows = Vec::new();
-        while i < windows.len() && windows[i].1 == n && rows.len() < batch_size {
+        while i < windows.len() && windows[i].1 == n && rows.len() < opts.batch_size {
             rows.push(windows[i].0);
             i += 1;
         }
@@ -66,9 +99,22 @@ pub fn evaluate(
             inputs.extend(stream[start..start + n].iter().map(|&t| t as i64));
             targets.extend(stream[start + 1..start + n + 1].iter().map(|&t| t as i64));
         }
-        let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, n]), &device);
-        let y = Tensor::<2, Int>::from_data(TensorData::new(targets, [b, n]), &device);
-        let logits = model.forward(x)?; // [b, n, V]
+        let logits = match opts.document_marker {
+            Some(eot) => {
+                // The b windows back to back as one packed row, cut at window and document
+                // starts.
+                let segments = Segments::new(&document_segments(&inputs, n, eot), b * n)
+                    .map_err(|e| TrainError::Data(format!("evaluation windows: {e}")))?;
+                let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [1, b * n]), &device);
+                model.forward_packed(x, &segments)? // [1, b·n, V]
+            }
+            None => {
+                let x = Tensor::<2, Int>::from_data(TensorData::new(inputs, [b, n]), &device);
+                model.forward(x)? // [b, n, V]
+            }
+        };
+        let [rows_out, cols, _] = logits.dims();
+        let y = Tensor::<2, Int>::from_data(TensorData::new(targets, [rows_out, cols]), &device);
         let nll = token_nll(logits, y)?.sum().into_scalar::<f64>();
         total += nll;
         count += b * n;
@@ -78,7 +124,7 @@ pub fn evaluate(
         tokens: count,
         loss,
         perplexity: loss.exp(),
-        bits_per_byte: loss / std::f64::consts::LN_2 / bytes_per_token,
+        bits_per_byte: loss / std::f64::consts::LN_2 / opts.bytes_per_token,
     })
 }
 

@@ -16,7 +16,7 @@ pub mod report;
 pub mod sample;
 pub mod train;
 
-pub use config::{DataSpec, ModelSpec, Reduce, RunConfig, TrainSpec};
+pub use config::{DataSpec, ModelSpec, Packing, Reduce, RunConfig, TrainSpec};
 pub use error::{Result, TrainError};
-pub use evaluate::{EvalResult, LoadedRun, evaluate, load_run};
+pub use evaluate::{EvalOptions, EvalResult, LoadedRun, evaluate, load_run};
 pub use train::{TrainEvent, TrainOptions, TrainSummary, train, train_with};

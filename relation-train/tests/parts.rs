@@ -1,12 +1,16 @@
-//! The pieces: schedule, step size, data order, split, evaluation windows, device names.
+//! The pieces: schedule, step size, data order, split, evaluation windows, packed documents,
+//! device names.
 
+use relation_core::Segments;
 use relation_kernels::device::parse_device;
+use relation_model::RelationLmConfig;
 use relation_train::data::{
-    Batcher, DataPosition, Document, eval_windows, is_validation, split_units,
+    Batcher, DataPosition, Document, MIN_UNITS, document_segments, eval_windows, is_validation,
+    split_units,
 };
 use relation_train::optim::wsd_lr;
 use relation_train::precision::{GROWTH_INTERVAL, INITIAL_SCALE, LossScale, MIN_SCALE, Precision};
-use relation_train::{RunConfig, TrainError, TrainSpec};
+use relation_train::{EvalOptions, Packing, RunConfig, TrainError, TrainSpec, evaluate};
 
 #[test]
 fn wsd_schedule_warms_up_holds_and_decays() {
@@ -314,4 +318,103 @@ fn f32_and_bf16_never_scale() {
         }
         assert_eq!(s.scale, 1.0);
     }
+}
+
+#[test]
+fn document_segments_start_at_rows_and_at_end_of_text() {
+    const EOT: u32 = 9;
+    // Two rows of 6 laid back to back: a segment at each row start and each end-of-text token
+    // (which begins the next document); consecutive markers are one-token documents.
+    let inputs = [1, 2, 9, 3, 9, 9, /* row 2 */ 9, 4, 5, 6, 9, 7];
+    let offsets = document_segments(&inputs, 6, EOT);
+    assert_eq!(offsets, vec![0, 2, 4, 5, 6, 10, 12]);
+    assert!(Segments::new(&offsets, inputs.len()).is_ok());
+    // No marker: one segment per row (a document longer than a row restarts in the next).
+    assert_eq!(
+        document_segments(&[1, 2, 3, 4, 5, 6], 3, EOT),
+        vec![0, 3, 6]
+    );
+    // Every token a marker: every token its own document.
+    assert_eq!(document_segments(&[9, 9, 9], 3, EOT), vec![0, 1, 2, 3]);
+}
+
+#[test]
+fn packing_auto_resolves_by_the_number_of_documents() {
+    assert_eq!(Packing::Auto.resolve(MIN_UNITS), Packing::Documents);
+    assert_eq!(Packing::Auto.resolve(MIN_UNITS - 1), Packing::Windows);
+    assert_eq!(Packing::Windows.resolve(1000), Packing::Windows);
+    assert_eq!(Packing::Documents.resolve(1), Packing::Documents);
+    // A run saved before the setting existed trained on windows, and resumes so.
+    let mut json = serde_json::to_value(RunConfig::default()).unwrap();
+    json["data"].as_object_mut().unwrap().remove("packing");
+    let old: RunConfig = serde_json::from_value(json).unwrap();
+    assert_eq!(old.data.packing, Packing::Windows);
+    assert_eq!(RunConfig::default().data.packing, Packing::Auto);
+}
+
+/// Evaluating with `--packing documents` scores every document (and every window's leading
+/// remainder) as if alone: the packed total equals the sum over the segments evaluated one by
+/// one as plain windows, for Relation and Linear Relation layers (positions, count calibration
+/// and state all restart).
+#[test]
+fn packed_evaluation_scores_each_document_alone() {
+    const EOT: u32 = 0;
+    let device = burn::tensor::Device::flex();
+    device.seed(3);
+    let model = RelationLmConfig::new(50, 32, 2, 4, 64)
+        .with_pattern("LF".into())
+        .init(&device)
+        .unwrap();
+    // Documents of 5, 1, 13, 40 and 3 tokens, each followed by the marker.
+    let mut rng = relation_core::rng::SplitMix64::new(11);
+    let mut stream = Vec::new();
+    for len in [5, 1, 13, 40, 3] {
+        stream.extend((0..len).map(|_| 1 + rng.below(49) as u32));
+        stream.push(EOT);
+    }
+    let opts = EvalOptions {
+        seq_len: 16,
+        batch_size: 3,
+        max_tokens: 0,
+        bytes_per_token: 1.0,
+        document_marker: Some(EOT),
+    };
+    let packed = evaluate(&model, &stream, &opts).unwrap();
+    let mut total = 0.0;
+    let mut count = 0;
+    for (start, n) in eval_windows(stream.len(), 16, 0) {
+        let inputs: Vec<i64> = stream[start..start + n].iter().map(|&t| t as i64).collect();
+        let offsets = document_segments(&inputs, n, EOT);
+        for w in offsets.windows(2) {
+            let (s, e) = (start + w[0], start + w[1]);
+            let alone = EvalOptions {
+                seq_len: e - s,
+                batch_size: 1,
+                document_marker: None,
+                ..opts
+            };
+            let r = evaluate(&model, &stream[s..=e], &alone).unwrap();
+            assert_eq!(r.tokens, e - s);
+            total += r.loss * r.tokens as f64;
+            count += r.tokens;
+        }
+    }
+    assert_eq!(packed.tokens, count);
+    let summed = total / count as f64;
+    assert!(
+        (packed.loss - summed).abs() <= 1e-5 * summed.abs(),
+        "packed {} vs documents alone {summed}",
+        packed.loss
+    );
+    // And it is not the windows layout's number: the documents see less context there.
+    let windows = evaluate(
+        &model,
+        &stream,
+        &EvalOptions {
+            document_marker: None,
+            ..opts
+        },
+    )
+    .unwrap();
+    assert_ne!(windows.loss, packed.loss);
 }

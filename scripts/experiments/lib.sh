@@ -63,3 +63,18 @@ collect_raw() {
     cp "$dir/metrics.csv" "$dir/config.json" "$dir/model.json" "$raw/$name/"
   done
 }
+
+# Copies the raw metrics into $RAW and, with COMMIT_EACH=1, commits run $1's (the message names
+# $LABEL); retries while another commit holds the index.
+commit_finished_run() {
+  collect_raw "$RAW"
+  [ "${COMMIT_EACH:-0}" = 1 ] || return 0
+  local name try
+  name=$(basename "$1")
+  git add "$RAW/$name"
+  for try in 1 2 3 4 5; do
+    git commit -q -m "Results: $LABEL run $name finished" -- "$RAW/$name" && return 0
+    sleep 5
+  done
+  echo "could not commit $RAW/$name" >&2
+}

@@ -17,10 +17,10 @@ pub use generate::GenerateArgs;
 use relation_kernels::device::parse_device;
 pub use train_args::{DataFlags, ModelFlags, TrainArgs, TrainingFlags};
 
-use crate::config::RunConfig;
+use crate::config::{Packing, RunConfig};
 use crate::data::{self, DEFAULT_CORPUS_NAME};
 use crate::error::io;
-use crate::evaluate::{LoadedRun, evaluate, load_run};
+use crate::evaluate::{EvalOptions, LoadedRun, evaluate, load_run};
 use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train_with};
 use crate::{Result, TrainError, checkpoint};
 use progress::Console;
@@ -117,6 +117,10 @@ pub struct EvalArgs {
     /// Tokens to evaluate, 0 = all (default 0).
     #[arg(long, default_value_t = 0)]
     pub eval_tokens: usize,
+    /// Row layout: documents (each document scored alone) or windows (one causal sequence per
+    /// window); default (or auto): the run's own, which its logged validation losses used.
+    #[arg(long, value_enum)]
+    pub packing: Option<crate::config::Packing>,
     /// Device (default: the run's).
     #[arg(long)]
     pub device: Option<String>,
@@ -293,7 +297,6 @@ fn run_train(args: &TrainArgs) -> Result<()> {
 
 fn run_eval(args: &EvalArgs) -> Result<()> {
     let run = args.source.load(&args.device)?;
-    let t = &run.config.train;
     let (stream, bytes, what) = if args.data.is_empty() {
         let corpus = data::prepare(&run.config.data, &mut |line| println!("{line}"))?;
         // The split is rebuilt from the run's sources: refuse it if they no longer give the
@@ -322,18 +325,20 @@ fn run_eval(args: &EvalArgs) -> Result<()> {
             format!("{} documents", docs.len()),
         )
     };
-    let result = evaluate(
-        &run.model,
-        &stream,
-        t.seq_len,
-        t.batch_size,
-        args.eval_tokens,
-        bytes,
-    )?;
+    // The run's own layout (packed documents or windows), so the loss compares with the
+    // validation losses it logged.
+    let packing = match args.packing {
+        None | Some(Packing::Auto) => run.config.data.packing,
+        Some(chosen) => chosen,
+    };
+    let eot = run.tokenizer.token_to_id(data::EOT);
+    let opts = EvalOptions::for_run(&run.config, packing, args.eval_tokens, bytes, eot);
+    let result = evaluate(&run.model, &stream, &opts)?;
     println!(
-        "{} (step {}) on {what}: {} tokens | loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte",
+        "{} (step {}) on {what} ({} rows): {} tokens | loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte",
         run.checkpoint.display(),
         run.step,
+        packing.name(),
         result.tokens,
         result.loss,
         result.perplexity,

@@ -152,6 +152,12 @@ pub struct DataFlags {
     /// Cache for tokenizers and tokenized corpora (default ~/.cache/relation).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Row layout: documents (each row's documents computed apart: positions, count
+    /// calibration and recurrent states restart at every <|endoftext|>), windows (each row one
+    /// causal sequence across documents), or auto (default: documents for 64 or more
+    /// documents, windows for a few long texts).
+    #[arg(long, value_enum)]
+    pub packing: Option<crate::config::Packing>,
 }
 
 /// `relation train`'s optimisation and cadence flags (counts show as `<N>` in `--help`, like
@@ -270,6 +276,7 @@ impl DataFlags {
             "--vocab-size": self.vocab_size => d.vocab_size,
             "--tokenizer": self.tokenizer.clone().map(Some) => d.tokenizer,
             "--cache-dir": self.cache_dir.clone().map(Some) => d.cache_dir,
+            "--packing": self.packing => d.packing,
         );
         if !self.data.is_empty() {
             d.sources = self.data.clone();

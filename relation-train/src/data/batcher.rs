@@ -121,3 +121,23 @@ pub fn eval_windows(tokens: usize, seq_len: usize, max_tokens: usize) -> Vec<(us
     }
     windows
 }
+
+/// The `cu_seqlens` of `rows` windows of `seq_len` input tokens laid back to back
+/// (`inputs.len() = rows · seq_len`) under `--packing documents`: a segment starts at every row
+/// start and at every `eot` token (the end-of-text marker begins the next document and is its
+/// first token, so the last token of a document still learns to predict it, within its own
+/// document). Offsets are strictly increasing, `0 … inputs.len()`.
+///
+/// A window that begins inside a document holds that document's remainder as its first
+/// segment: a document longer than a row continues, restarted, in the next one.
+pub fn document_segments(inputs: &[i64], seq_len: usize, eot: u32) -> Vec<usize> {
+    let eot = i64::from(eot);
+    let mut offsets = Vec::with_capacity(inputs.len() / seq_len.max(1) + 2);
+    for (i, &token) in inputs.iter().enumerate() {
+        if i % seq_len == 0 || token == eot {
+            offsets.push(i);
+        }
+    }
+    offsets.push(inputs.len());
+    offsets
+}

@@ -15,8 +15,9 @@ pub const DEFAULT_CORPUS: &str = include_str!("../../data/moby_dick.txt");
 /// Name of the default corpus in messages.
 pub const DEFAULT_CORPUS_NAME: &str = "moby_dick.txt (shipped)";
 
-/// Below this many documents the split works on paragraph groups instead.
-const MIN_UNITS: usize = 64;
+/// Below this many documents the split works on paragraph groups instead (and
+/// [`Packing::Auto`](crate::config::Packing::Auto) lays windows out as one sequence).
+pub const MIN_UNITS: usize = 64;
 
 /// Paragraph groups: at most this many bytes each, and small enough for about
 /// [`TARGET_GROUPS`] groups, but at least [`MIN_GROUP_BYTES`].

@@ -28,9 +28,9 @@ mod batcher;
 mod corpus;
 mod tokenizer;
 
-pub use batcher::{Batcher, DataPosition, eval_windows};
+pub use batcher::{Batcher, DataPosition, document_segments, eval_windows};
 pub use corpus::{
-    DEFAULT_CORPUS, DEFAULT_CORPUS_NAME, Document, fnv1a, is_validation, read_documents,
+    DEFAULT_CORPUS, DEFAULT_CORPUS_NAME, Document, MIN_UNITS, fnv1a, is_validation, read_documents,
     split_units,
 };
 pub use tokenizer::{
@@ -78,6 +78,9 @@ pub struct Corpus {
     pub cache: PathBuf,
     /// Whether the cache was reused.
     pub reused: bool,
+    /// Source documents read (files, or JSON Lines records): what
+    /// [`Packing::Auto`](crate::config::Packing::Auto) resolves by.
+    pub documents: usize,
 }
 
 /// Reads, splits, tokenizes and caches the corpus of `spec`; prints what it does through `log`.
@@ -95,7 +98,10 @@ pub fn prepare(spec: &DataSpec, log: &mut dyn FnMut(String)) -> Result<Corpus> {
     };
     let dir = cache_dir(spec, &units, &sides, given_tokenizer.as_deref());
     if let Some(corpus) = load_cached(&dir, log)? {
-        return Ok(corpus);
+        return Ok(Corpus {
+            documents: docs.len(),
+            ..corpus
+        });
     }
     fs::create_dir_all(&dir).map_err(io(&dir))?;
     let tokenizer = match &given_tokenizer {
@@ -143,5 +149,6 @@ pub fn prepare(spec: &DataSpec, log: &mut dyn FnMut(String)) -> Result<Corpus> {
         tokenizer_json,
         cache: dir,
         reused: false,
+        documents: docs.len(),
     })
 }

@@ -172,6 +172,7 @@ pub(super) fn load_cached(dir: &Path, log: &mut dyn FnMut(String)) -> Result<Opt
             tokenizer_json,
             cache: dir.to_path_buf(),
             reused: true,
+            documents: 0, // set by `prepare`, which read them
         }));
     }
     log(format!(

@@ -7,7 +7,7 @@ use relation_model::RelationLm;
 use super::step::StepDone;
 use super::{TrainEvent, Trainer};
 use crate::Result;
-use crate::evaluate::evaluate;
+use crate::evaluate::{EvalOptions, evaluate};
 use crate::metrics::Row;
 
 impl Trainer<'_> {
@@ -65,14 +65,14 @@ impl Trainer<'_> {
     /// A model error.
     fn evaluate(&mut self, model: &RelationLm, row: &mut Row) -> Result<()> {
         let t = &self.run.t;
-        let result = evaluate(
-            &model.valid(),
-            &self.run.corpus.val,
-            t.seq_len,
-            t.batch_size,
-            t.eval_tokens,
-            self.val_bytes_per_token,
-        )?;
+        let opts = EvalOptions {
+            seq_len: t.seq_len,
+            batch_size: t.batch_size,
+            max_tokens: t.eval_tokens,
+            bytes_per_token: self.val_bytes_per_token,
+            document_marker: self.run.document_marker,
+        };
+        let result = evaluate(&model.valid(), &self.run.corpus.val, &opts)?;
         row.val_loss = Some(result.loss);
         row.val_ppl = Some(result.perplexity);
         row.val_bpb = Some(result.bits_per_byte);

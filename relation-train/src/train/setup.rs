@@ -13,7 +13,7 @@ use tokenizers::Tokenizer;
 use super::TrainOptions;
 use super::collective::Reduction;
 use super::run_dir::{Start, open_run};
-use crate::config::{RunConfig, TrainSpec};
+use crate::config::{Packing, RunConfig, TrainSpec};
 use crate::data::{self, Corpus};
 use crate::error::io;
 use crate::fs::{RunLock, write_atomic};
@@ -42,6 +42,9 @@ pub(super) struct Run<'a> {
     pub(super) corpus: Corpus,
     /// Its tokenizer.
     pub(super) tokenizer: Tokenizer,
+    /// `Some(<|endoftext|>'s id)` when rows are packed documents (the token segments start
+    /// at), `None` for windows.
+    pub(super) document_marker: Option<u32>,
     /// The resolved model configuration.
     pub(super) model_config: RelationLmConfig,
     /// It as `model.json` holds it (checkpoints carry its fingerprint).
@@ -58,7 +61,7 @@ impl<'a> Run<'a> {
     /// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
     /// directory in use; on resume, data or settings that no longer give the run's identity.
     pub(super) fn setup(
-        config: RunConfig,
+        mut config: RunConfig,
         opts: &'a TrainOptions,
         log: &mut dyn FnMut(String),
     ) -> Result<(Self, Start)> {
@@ -99,6 +102,20 @@ impl<'a> Run<'a> {
         );
 
         let corpus = data::prepare(&config.data, log)?;
+        // `auto` becomes the layout the data calls for, and config.json records that one.
+        let packing = config.data.packing.resolve(corpus.documents);
+        if packing != config.data.packing {
+            log(format!(
+                "data: packing {} ({} documents{})",
+                packing.name(),
+                corpus.documents,
+                match packing {
+                    Packing::Documents => ": each row's documents are computed apart",
+                    _ => ", cut into paragraph groups: each window is one sequence",
+                }
+            ));
+            config.data.packing = packing;
+        }
         let model_config = config.model.resolve(corpus.meta.vocab_size)?;
         let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
         write_or_check_identity(&opts.run_dir, &config, resume, &corpus, &model_json)?;
@@ -106,6 +123,15 @@ impl<'a> Run<'a> {
             .tokenizer_json
             .parse::<Tokenizer>()
             .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+        let document_marker = match packing {
+            Packing::Documents => Some(tokenizer.token_to_id(data::EOT).ok_or_else(|| {
+                TrainError::Tokenizer(format!(
+                    "--packing documents needs the tokenizer's `{}` token, which it lacks",
+                    data::EOT
+                ))
+            })?),
+            _ => None,
+        };
         let run = Self {
             opts,
             config,
@@ -116,6 +142,7 @@ impl<'a> Run<'a> {
             resume,
             corpus,
             tokenizer,
+            document_marker,
             model_config,
             model_json,
             _lock: lock,
@@ -140,7 +167,7 @@ impl<'a> Run<'a> {
         let c = &self.model_config;
         let t = &self.t;
         log(format!(
-            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps",
+            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps | rows: {}",
             c.n_layers,
             c.pattern,
             switches(c),
@@ -158,7 +185,8 @@ impl<'a> Run<'a> {
             t.seq_len,
             t.accumulation(),
             t.effective_tokens_per_step(),
-            t.steps
+            t.steps,
+            self.config.data.packing.name()
         ));
         if let Some(how) = self.reduction.describe(&self.device_names) {
             log(format!("data parallel: {how}"));

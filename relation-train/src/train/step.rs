@@ -9,11 +9,13 @@ use std::time::Instant;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
+use relation_core::Segments;
 use relation_model::RelationLm;
 
 use super::collective::{Meeting, Reduction, all_reduce_grads};
 use super::{OnNan, Trainer};
 use crate::config::TrainSpec;
+use crate::data::document_segments;
 use crate::optim::{clip_global_norm, scale_grads, squared_grad_norm, token_nll, wsd_lr};
 use crate::precision::Precision;
 use crate::{Result, TrainError};
@@ -50,10 +52,18 @@ impl Trainer<'_> {
         let scale = self.progress.loss_scale.scale;
         let step_start = Instant::now();
         let lr = wsd_lr(step, t);
+        let marker = self.run.document_marker;
         let batches: Vec<Batch> = (0..accumulation)
             .map(|_| {
-                self.batcher
-                    .next_batch(&self.run.corpus.train, t.batch_size)
+                let (inputs, targets) = self
+                    .batcher
+                    .next_batch(&self.run.corpus.train, t.batch_size);
+                let documents = marker.map(|eot| document_segments(&inputs, t.seq_len, eot));
+                Batch {
+                    inputs,
+                    targets,
+                    documents,
+                }
             })
             .collect();
         let (losses, mut grads) = micro_steps(
@@ -161,8 +171,17 @@ impl Trainer<'_> {
     }
 }
 
-/// One micro-batch: inputs and targets, `[B, T]` row-major.
-type Batch = (Vec<i64>, Vec<i64>);
+/// One micro-batch.
+#[derive(Clone)]
+struct Batch {
+    /// Input tokens, `[B, T]` row-major.
+    inputs: Vec<i64>,
+    /// Target tokens (the inputs shifted by one), `[B, T]` row-major.
+    targets: Vec<i64>,
+    /// Under `--packing documents`: the `cu_seqlens` of the `B` rows laid back to back as one
+    /// packed row of `B · T` tokens (row starts and document starts).
+    documents: Option<Vec<usize>>,
+}
 
 /// Forward and backward of one micro-batch on `model`, on `device` (the model's), the loss
 /// multiplied by `scale` for the backward pass (f16 loss scaling; 1 otherwise); the loss
@@ -170,22 +189,35 @@ type Batch = (Vec<i64>, Vec<i64>);
 fn micro_step(
     model: &RelationLm,
     device: &Device,
-    (x, y): Batch,
+    batch: Batch,
     t: &TrainSpec,
     accumulation: usize,
     scale: f64,
 ) -> Result<(Tensor<1>, GradientsParams)> {
     let start = std::time::Instant::now();
-    let x = Tensor::<2, Int>::from_data(TensorData::new(x, [t.batch_size, t.seq_len]), device);
-    let y = Tensor::<2, Int>::from_data(TensorData::new(y, [t.batch_size, t.seq_len]), device);
+    // Packed documents: the B rows back to back as one row of B·T tokens, cut at the row and
+    // document starts; windows: B rows of T.
+    let segments = match &batch.documents {
+        Some(offsets) => Some(Segments::new(offsets, batch.inputs.len()).map_err(|e| {
+            TrainError::Data(format!("a packed micro-batch's document offsets: {e}"))
+        })?),
+        None => None,
+    };
+    let shape = match segments {
+        Some(_) => [1, t.batch_size * t.seq_len],
+        None => [t.batch_size, t.seq_len],
+    };
+    let x = Tensor::<2, Int>::from_data(TensorData::new(batch.inputs, shape), device);
+    let y = Tensor::<2, Int>::from_data(TensorData::new(batch.targets, shape), device);
+    let forward = |model: &RelationLm| match &segments {
+        Some(segments) => model.forward_packed(x.clone(), segments),
+        None => model.forward(x.clone()),
+    };
     let logits = match t.precision {
-        Precision::F32 => model.forward(x)?, // [B, T, V]
+        Precision::F32 => forward(model)?, // [B, T, V] or [1, B·T, V]
         // Mixed precision: the forward and backward in the half-precision copy, the loss in
         // f32; the gradients flow back through the casts onto the f32 masters.
-        half => model
-            .cast_params(half.dtype())
-            .forward(x)?
-            .cast(FloatDType::F32), // [B, T, V]
+        half => forward(&model.cast_params(half.dtype()))?.cast(FloatDType::F32),
     };
     // Mean over this micro-batch, divided by the number of micro-batches: the accumulated
     // gradient is the gradient of the step's mean loss.

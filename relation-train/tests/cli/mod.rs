@@ -5,6 +5,7 @@
 mod devices;
 mod flags;
 mod generate;
+mod packing;
 mod precision;
 mod report;
 mod run;
