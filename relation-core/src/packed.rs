@@ -130,6 +130,7 @@ pub enum LinearForm {
 /// # Errors
 /// As the unpacked references, plus segments that do not cover the packed rows and an
 /// `initial_state` that is not `[N, H, D, D]`.
+#[allow(clippy::too_many_arguments)] // the unpacked reference's arguments, plus segments and form
 pub fn naive_packed_linear_relation(
     p1: Tensor<4>,
     p2: Tensor<4>,

@@ -105,7 +105,10 @@ impl Sampling {
 impl RelationLm {
     /// Continues every prompt by up to `sampling.max_new_tokens` tokens (fewer where a
     /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache in one pass
-    /// and then decoding token by token. Prompts of equal length run as one batch.
+    /// and then decoding token by token. Prompts of equal length run as one batch; prompts of
+    /// different lengths run as one batch per length, one after another (a single ragged batch
+    /// would need per-row positions and key masks in every cached mixer, which the caches do not
+    /// have yet).
     ///
     /// # Errors
     /// Empty prompts, token ids outside the vocabulary, invalid sampling settings.

@@ -78,8 +78,8 @@ type PackedScores = Vec<Option<Tensor<4>>>;
 impl Mixer {
     /// Forward of a packed row of documents (`[1, total, d]`), each document as if alone.
     ///
-    /// `F` and `L` run their packed kernels over the whole row (one launch per layer on Flex
-    /// for `F`); the attention-like mixers (`A`, `R`, `N`, `K`) run each segment through their
+    /// `F` and `L` run their packed kernels over the whole row (one FlashRelation launch per
+    /// layer on Flex and CubeCL for `F`); the attention-like mixers (`A`, `R`, `N`, `K`) run each segment through their
     /// ordinary forward: block-diagonal causal attention and per-document retention / KDA states,
     /// exactly, at one call per segment.
     fn forward_packed(

@@ -2,8 +2,10 @@
 //!
 //! # Forward
 //!
-//! One cube per `(query block, b·h)`, one unit per query row `i` (no plane operations, so the
-//! same kernel runs on software Vulkan). The cube streams key tiles of `p2` and `Ĩ` through shared
+//! One cube per `(query block of one sequence, head)`, one unit per query row `i` (no plane
+//! operations, so the same kernel runs on software Vulkan). A launch's sequences are the `B`
+//! rows of an unpacked call or the segments of a packed one, listed with their query blocks in a
+//! small table (`tile::cube::SequenceTiles`); a cube reads only its own sequence's keys. The cube streams key tiles of `p2` and `Ĩ` through shared
 //! memory and each unit keeps the FlashAttention online-softmax state over the **Exchange part
 //! only** (`j < i`): running max `m`, normaliser `l`, accumulator `z`. Self is merged after the
 //! scan, so no `T x T` matrix exists anywhere:
@@ -48,7 +50,8 @@
 //!
 //! # Buffers
 //!
-//! At most 7 storage buffers per kernel (wgpu allows 8 per stage). Inputs are `F` (f32, f16,
+//! At most 8 storage buffers per kernel (wgpu's per-stage limit), the sequence-tile table
+//! included. Inputs are `F` (f32, f16,
 //! bf16 where the runtime has it); every accumulation is f32; statistics are stored in f32.
 
 use burn::backend::cubecl::dtype_to_storage_type;
@@ -60,7 +63,10 @@ pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashParams};
-use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, head_of, load_head_rows};
+use crate::tile::cube::{
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
+    sequences,
+};
 
 #[cube]
 pub(super) fn sigmoid(x: f32) -> f32 {
@@ -76,6 +82,7 @@ fn flash_relation_fwd_kernel<F: Float>(
     y: &mut Tensor<F>,
     ibar_out: &mut Tensor<F>,
     stats: &mut Tensor<f32>,
+    tiles: &Tensor<u32>,
     scale: f32,
     inv_tau: f32,
     #[comptime] head_dim: usize,
@@ -83,9 +90,9 @@ fn flash_relation_fwd_kernel<F: Float>(
     #[comptime] save_ibar: bool,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(p1, CUBE_POS_Y as usize, head_dim);
+    let at = seq_tile::<F>(p1, tiles, head_dim);
     let block_q = CUBE_DIM_X as usize;
-    let i = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
+    let i = at.first + UNIT_POS_X as usize; // local to the sequence
     let in_range = i < at.seq;
 
     // This unit's query, pre-scaled by 1/sqrt(D), and its Exchange accumulator.
@@ -105,16 +112,13 @@ fn flash_relation_fwd_kernel<F: Float>(
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
 
-    // Keys j < i: the cube's last row is `cube_end - 1`, so it needs keys 0 .. cube_end - 1.
-    let mut cube_end = (CUBE_POS_X as usize + 1) * block_q;
-    if cube_end > at.seq {
-        cube_end = at.seq;
-    }
-    let num_blocks = (cube_end - 1).div_ceil(block_k);
+    // Keys j < i of this sequence only: the cube's last row is `cube_end - 1`, so it needs keys
+    // 0 .. cube_end - 1 (none for a cube past the table's end, whose sequence is empty).
+    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        load_head_rows::<F>(p2, &mut k_tile, at.base, j0, block_k, head_dim, false);
-        load_head_rows::<F>(info, &mut v_tile, at.base, j0, block_k, head_dim, false);
+        load_seq_rows::<F>(p2, &mut k_tile, &at, j0, block_k, head_dim);
+        load_seq_rows::<F>(info, &mut v_tile, &at, j0, block_k, head_dim);
         sync_cube();
 
         if in_range && i > j0 {
@@ -175,7 +179,7 @@ fn flash_relation_fwd_kernel<F: Float>(
                 ibar_out[row + d] = F::cast_from(ibar);
             }
         }
-        let srow = (at.batch * at.seq * at.heads + i * at.heads + at.head) * STATS;
+        let srow = (at.rows_base + i * at.heads) * STATS;
         stats[srow + stat::LSE] = lse;
         stats[srow + stat::SELF] = s;
         stats[srow + stat::SHARE] = g;
@@ -208,7 +212,6 @@ fn launch_forward(
         inv_tau,
         segments,
     } = params;
-    assert_unpacked(segments.as_ref());
     let (p1, p2, info, lambda) = (
         into_contiguous(p1),
         into_contiguous(p2),
@@ -225,11 +228,14 @@ fn launch_forward(
         empty_like(&p1, Shape::new([1]))
     };
     let stats = empty_like_dtype(&p1, Shape::new([b, t, h, STATS]), DType::F32);
+    // One cube per (query tile of one sequence, head): packed segments are sequences of their
+    // own, so no cube multiplies tiles of two segments.
+    let tiles = SequenceTiles::new(&p1, &sequences(segments.as_ref(), b, t), tiling.block_q, h);
     let client = p1.client.clone();
     let dtype = p1.dtype;
     flash_relation_fwd_kernel::launch(
         &client,
-        CubeCount::Static(t.div_ceil(tiling.block_q) as u32, (b * h) as u32, 1),
+        tiles.count,
         CubeDim::new_1d(tiling.block_q as u32),
         p1.into_tensor_arg(),
         p2.into_tensor_arg(),
@@ -238,6 +244,7 @@ fn launch_forward(
         y.clone().into_tensor_arg(),
         ibar.clone().into_tensor_arg(),
         stats.clone().into_tensor_arg(),
+        tiles.table.into_tensor_arg(),
         scale,
         inv_tau,
         d,
@@ -258,15 +265,4 @@ pub(crate) fn forward(args: FlashArgs<CubeTensor>) -> CubeTensor {
 pub(crate) fn forward_with_stats(args: FlashArgs<CubeTensor>) -> FlashForward<CubeBackend> {
     let out = launch_forward(args, true);
     (out.y, out.ibar, out.stats)
-}
-
-/// The CubeCL kernels take unpacked `[B, T, H, D]` inputs only: the Tensor-level entry points
-/// send packed calls on CubeCL devices to the reference, so a segment table here is a caller
-/// that bypassed them.
-pub(super) fn assert_unpacked(segments: Option<&relation_core::Segments>) {
-    assert!(
-        segments.is_none(),
-        "FlashRelation's CubeCL kernels do not take packed segments yet; call \
-         relation_kernels::flash_relation_packed, which routes them to the reference"
-    );
 }

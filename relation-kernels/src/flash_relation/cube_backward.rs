@@ -11,7 +11,10 @@ use super::cube::sigmoid;
 use super::{STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
-use crate::tile::cube::{Tiling, empty_like, empty_like_dtype, head_of, load_head_rows, load_rows};
+use crate::tile::cube::{
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_rows, load_seq_rows,
+    local_positions, seq_tile, sequences,
+};
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
 /// (at their [`stat`] channels), then:
@@ -30,16 +33,16 @@ fn flash_relation_prepass_kernel<F: Float>(
     ibar: &Tensor<F>,
     dy: &Tensor<F>,
     stats: &Tensor<f32>,
+    positions: &Tensor<u32>,
     rows: &mut Tensor<f32>,
     #[comptime] head_dim: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    // Row r = (b * T + t) * H + h.
+    // Row r = token * H + h; `positions` holds each token's place in its own sequence.
     let r = ABSOLUTE_POS;
-    let seq = info.shape(1);
     let heads = info.shape(2);
-    if r < seq * heads * info.shape(0) {
-        let t = (r / heads) % seq;
+    if r < positions.len() * heads {
+        let t = usize::cast_from(positions[r / heads]);
         let base = r * head_dim;
         let g = stats[r * STATS + stat::SHARE];
         let mut dg = f32::new(0.0);
@@ -70,15 +73,16 @@ fn flash_relation_dq_kernel<F: Float>(
     dy: &Tensor<F>,
     rows: &Tensor<f32>,
     dp1: &mut Tensor<F>,
+    tiles: &Tensor<u32>,
     scale: f32,
     inv_tau: f32,
     #[comptime] head_dim: usize,
     #[comptime] block_k: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(p1, CUBE_POS_Y as usize, head_dim);
+    let at = seq_tile::<F>(p1, tiles, head_dim);
     let block_q = CUBE_DIM_X as usize;
-    let i = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
+    let i = at.first + UNIT_POS_X as usize; // local to the sequence
     let in_range = i < at.seq;
 
     let mut q = Array::<f32>::new(head_dim);
@@ -86,7 +90,7 @@ fn flash_relation_dq_kernel<F: Float>(
     let mut acc = Array::<f32>::new(head_dim);
     let mut lse = f32::new(0.0);
     let mut offset = f32::new(0.0); // dA_i - D_i
-    let ridx = (at.batch * at.seq * at.heads + i * at.heads + at.head) * ROWS;
+    let ridx = (at.rows_base + i * at.heads) * ROWS;
     if in_range {
         lse = rows[ridx + stat::LSE];
         offset = rows[ridx + ROW_DA] - rows[ridx + ROW_D];
@@ -105,15 +109,11 @@ fn flash_relation_dq_kernel<F: Float>(
 
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
-    let mut cube_end = (CUBE_POS_X as usize + 1) * block_q;
-    if cube_end > at.seq {
-        cube_end = at.seq;
-    }
-    let num_blocks = (cube_end - 1).div_ceil(block_k);
+    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        load_head_rows::<F>(p2, &mut k_tile, at.base, j0, block_k, head_dim, false);
-        load_head_rows::<F>(info, &mut v_tile, at.base, j0, block_k, head_dim, false);
+        load_seq_rows::<F>(p2, &mut k_tile, &at, j0, block_k, head_dim);
+        load_seq_rows::<F>(info, &mut v_tile, &at, j0, block_k, head_dim);
         sync_cube();
         if in_range && i > j0 {
             let mut count = i - j0;
@@ -163,15 +163,16 @@ fn flash_relation_dkdv_kernel<F: Float>(
     rows: &Tensor<f32>,
     dp2: &mut Tensor<F>,
     dinfo: &mut Tensor<F>,
+    tiles: &Tensor<u32>,
     scale: f32,
     inv_tau: f32,
     #[comptime] head_dim: usize,
     #[comptime] block_k: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(p1, CUBE_POS_Y as usize, head_dim);
+    let at = seq_tile::<F>(p1, tiles, head_dim);
     let block_q = CUBE_DIM_X as usize;
-    let j = CUBE_POS_X as usize * block_q + UNIT_POS_X as usize;
+    let j = at.first + UNIT_POS_X as usize; // local to the sequence
     let in_range = j < at.seq;
 
     let mut k = Array::<f32>::new(head_dim);
@@ -194,8 +195,9 @@ fn flash_relation_dkdv_kernel<F: Float>(
     let mut g_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut r_tile = Shared::<[f32]>::new_slice(comptime!(block_k * 2));
 
-    // Queries i > j, from the tile holding the cube's first column + 1 to the end.
-    let first = (CUBE_POS_X as usize * block_q + 1) / block_k;
+    // Queries i > j of this sequence, from the tile holding the cube's first column + 1 to the
+    // sequence's end (none for an empty sequence).
+    let first = (at.first + 1) / block_k;
     let num_blocks = at.seq.div_ceil(block_k);
     for kb in first..num_blocks {
         let i0 = kb * block_k;
@@ -287,18 +289,22 @@ struct Gradients {
     pub rows: CubeTensor,
 }
 
-/// Launches the three backward kernels.
-#[allow(clippy::too_many_arguments)]
-fn launch_backward(
-    p1: CubeTensor,
-    p2: CubeTensor,
-    info: CubeTensor,
-    ibar: CubeTensor,
-    stats: CubeTensor,
-    dy: CubeTensor,
-    scale: f32,
-    inv_tau: f32,
-) -> Gradients {
+/// Launches the three backward kernels over the sequences of `args` (the `B` rows, or the
+/// packed segments).
+fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -> Gradients {
+    let FlashArgs {
+        p1,
+        p2,
+        info,
+        params,
+        ..
+    } = args;
+    let FlashSaved { ibar, stats, dy } = saved;
+    let FlashParams {
+        scale,
+        inv_tau,
+        segments,
+    } = params;
     launches::record(&launches::FLASH_RELATION_BWD);
     let (p1, p2, info, ibar, stats, dy) = (
         into_contiguous(p1),
@@ -314,6 +320,7 @@ fn launch_backward(
     let dtype = dtype_to_storage_type(p1.dtype);
     let tiling = Tiling::new(&client, d, 2);
 
+    let sequences = sequences(segments.as_ref(), b, t);
     let rows = empty_like_dtype(&p1, Shape::new([b, t, h, ROWS]), DType::F32);
     let n_rows = b * t * h;
     let cube_dim = CubeDim::new(&client, n_rows);
@@ -325,17 +332,19 @@ fn launch_backward(
         ibar.into_tensor_arg(),
         dy.clone().into_tensor_arg(),
         stats.into_tensor_arg(),
+        local_positions(&p1, &sequences).into_tensor_arg(),
         rows.clone().into_tensor_arg(),
         d,
         dtype,
     );
 
-    let count = CubeCount::Static(t.div_ceil(tiling.block_q) as u32, (b * h) as u32, 1);
+    // Query tiles (dp1) and key tiles (dp2, dĨ) of block_q rows: the same table serves both.
+    let tiles = SequenceTiles::new(&p1, &sequences, tiling.block_q, h);
     let cube_dim = CubeDim::new_1d(tiling.block_q as u32);
     let dp1 = empty_like(&p1, dims.clone());
     flash_relation_dq_kernel::launch(
         &client,
-        count.clone(),
+        tiles.count.clone(),
         cube_dim,
         p1.clone().into_tensor_arg(),
         p2.clone().into_tensor_arg(),
@@ -343,6 +352,7 @@ fn launch_backward(
         dy.clone().into_tensor_arg(),
         rows.clone().into_tensor_arg(),
         dp1.clone().into_tensor_arg(),
+        tiles.table.clone().into_tensor_arg(),
         scale,
         inv_tau,
         d,
@@ -353,7 +363,7 @@ fn launch_backward(
     let dinfo = empty_like(&p1, dims);
     flash_relation_dkdv_kernel::launch(
         &client,
-        count,
+        tiles.count,
         cube_dim,
         p1.into_tensor_arg(),
         p2.into_tensor_arg(),
@@ -362,6 +372,7 @@ fn launch_backward(
         rows.clone().into_tensor_arg(),
         dp2.clone().into_tensor_arg(),
         dinfo.clone().into_tensor_arg(),
+        tiles.table.into_tensor_arg(),
         scale,
         inv_tau,
         d,
@@ -379,24 +390,12 @@ fn launch_backward(
 /// [`RelationOps::flash_relation_bwd`](crate::RelationOps::flash_relation_bwd) on CubeCL:
 /// `(dp1, dp2, dinfo, dlambda)`.
 pub(crate) fn backward(
-    FlashArgs {
-        p1,
-        p2,
-        info,
-        lambda,
-        params,
-    }: FlashArgs<CubeTensor>,
-    FlashSaved { ibar, stats, dy }: FlashSaved<CubeTensor>,
+    args: FlashArgs<CubeTensor>,
+    saved: FlashSaved<CubeTensor>,
 ) -> FlashGrads<CubeBackend> {
     type B = CubeBackend;
-    let FlashParams {
-        scale,
-        inv_tau,
-        segments,
-    } = params;
-    super::cube::assert_unpacked(segments.as_ref());
-    let lambda_dtype = lambda.dtype;
-    let grads = launch_backward(p1, p2, info, ibar, stats, dy, scale, inv_tau);
+    let lambda_dtype = args.lambda.dtype;
+    let grads = launch_backward(args, saved);
     // dlambda = -sum_i dA_i log i: channel `ROW_DA_LOG_I` of the per-row tensor, reduced by Burn.
     let dims = grads.rows.meta.shape().clone();
     let weighted = B::float_slice(

@@ -55,14 +55,12 @@ fn checked(
     let dims = check::relation_inputs(p1, p2, info, tau)?;
     check::exact_shape("lambda", lambda, "[1]", [1])?;
     check::same_device("lambda", lambda, p1)?;
-    let fused = match segments {
-        None => strategy.use_fused("flash_relation", &p1.device())?,
-        Some(segments) => {
-            segments.check_packed("p1", &p1.dims())?;
-            // Packed rows have fused kernels on Flex; CubeCL devices use the reference.
-            strategy.use_fused_flex("flash_relation (packed)", &p1.device())?
-        }
-    };
+    if let Some(segments) = segments {
+        segments.check_packed("p1", &p1.dims())?;
+    }
+    // Flex and CubeCL kernels both take packed rows: a sequence table (the B rows, or the
+    // segments) is what they iterate over.
+    let fused = strategy.use_fused("flash_relation", &p1.device())?;
     if fused && dims.head_dim > MAX_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
             op: "flash_relation",
@@ -113,11 +111,13 @@ pub fn flash_relation(
 /// row, each computed as if alone (positions restart, the first row of each is pure Self, no
 /// row reads another segment).
 ///
-/// On Flex the fused kernels loop over `(segment, head)`, so key tiles of other segments are
+/// The fused kernels (Flex and CubeCL, forward and backward) iterate over a table of sequences —
+/// the segments here, the `B` rows of an unpacked call — so key tiles of other segments are
 /// never touched: a row of many short documents costs what those documents cost, far less than
-/// one causal row of the same length. CubeCL devices run the reference
-/// (`relation_core::naive_packed_relation`) for packed rows; [`Strategy::Fused`] there is
-/// [`KernelError::FusedUnavailable`].
+/// one causal row of the same length. On Flex the work items are `(segment, head)`; on CubeCL
+/// one cube takes one query (or key) tile of one segment for one head, from a table of
+/// `(first token, length, first row)` built on the host from `segments`. Elsewhere (or with
+/// [`Strategy::Reference`]) it is `relation_core::naive_packed_relation`.
 ///
 /// # Shapes
 /// - `p1`, `p2`, `info`: `[1, total, H, D]`; `lambda`: `[1]`; `segments` end at `total`

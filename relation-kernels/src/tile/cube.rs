@@ -130,28 +130,20 @@ pub(crate) fn load_head_rows<F: Float>(
     );
 }
 
-/// Where the `(b, h)` pair of one cube lives in the layouts every kernel shares: the inputs
-/// `[B, T, H, D]` (contiguous), the per-row statistics `[B, T, H]` and the bundled Linear
-/// Relation output `[B, H, T + D, D]` (the `T` output rows, then the final state's `D` rows).
-/// Built once per kernel by [`head_of`]; also carries the unit's place in the cube.
+/// Where the `(b, h)` pair of one cube lives in the layouts the Linear Relation kernels share:
+/// the inputs `[B, T, H, D]` (contiguous) and the bundled output `[B, H, T + D, D]` (the `T`
+/// output rows, then the final state's `D` rows). Built once per kernel by [`head_of`]; also
+/// carries the unit's place in the cube. (FlashRelation's kernels use [`SeqTile`].)
 #[derive(CubeType, Clone, Copy)]
 pub(crate) struct HeadOf {
     /// `T`.
     pub seq: usize,
-    /// `H`.
-    pub heads: usize,
     /// `b * H + h`, the cube's `(b, h)` pair.
     pub bh: usize,
-    /// `b`.
-    pub batch: usize,
-    /// `h`.
-    pub head: usize,
     /// `H * D`: from one token to the next in `[B, T, H, D]`.
     pub row_stride: usize,
     /// Offset of token 0 of `(b, h)` in `[B, T, H, D]`.
     pub base: usize,
-    /// Row of token 0 of `(b, h)` in `[B, T, H]` (`b * T * H + h`).
-    pub rows_base: usize,
     /// Offset of `(b, h)` in the bundled `[B, H, T + D, D]`.
     pub out_base: usize,
     /// This unit's index in the cube, `UNIT_POS_X`.
@@ -171,17 +163,199 @@ pub(crate) fn head_of<F: Float>(x: &Tensor<F>, bh: usize, #[comptime] head_dim: 
     let row_stride = heads * head_dim;
     HeadOf {
         seq,
-        heads,
         bh,
-        batch,
-        head,
         row_stride,
         base: batch * seq * row_stride + head * head_dim,
-        rows_base: batch * seq * heads + head,
         out_base: bh * (seq + head_dim) * head_dim,
         u: UNIT_POS_X as usize,
         units: CUBE_DIM_X as usize,
     }
+}
+
+/// Where one cube of a FlashRelation kernel works: a tile of `block` consecutive rows of one
+/// sequence for one head, read from the launch's sequence-tile table (see [`SequenceTiles`]).
+///
+/// A sequence is `B` rows of `T` tokens (an unpacked `[B, T, H, D]` call: sequence `b` starts at
+/// token `b T`) or one segment of a packed `[1, total, H, D]` row: the kernels see only the
+/// sequence's first token, its length and the tile's first row, so no tile ever reads past its
+/// own sequence. Positions (`i` in `log i`, the first row's pure Self) are local to it.
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct SeqTile {
+    /// The sequence's length (0 for a cube past the end of the table: it does nothing).
+    pub seq: usize,
+    /// `H`.
+    pub heads: usize,
+    /// `H * D`: from one token to the next.
+    pub row_stride: usize,
+    /// Offset of the sequence's token 0, head `h`, in the `[.., H, D]` inputs.
+    pub base: usize,
+    /// Row of the sequence's token 0, head `h`, in the per-row `[.., H]` statistics.
+    pub rows_base: usize,
+    /// The tile's first row, local to the sequence.
+    pub first: usize,
+}
+
+/// This cube's [`SeqTile`]: tile `CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X` of `tiles` (triples
+/// `(first token, length, first row)`, `u32`), head `CUBE_POS_Z`; `x` gives `H`.
+#[cube]
+pub(crate) fn seq_tile<F: Float>(
+    x: &Tensor<F>,
+    tiles: &Tensor<u32>,
+    #[comptime] head_dim: usize,
+) -> SeqTile {
+    let heads = x.shape(2);
+    let head = CUBE_POS_Z as usize;
+    let mut tile = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let count = tiles.len() / 3;
+    let past_end = tile >= count;
+    if past_end {
+        tile = 0;
+    }
+    let token0 = usize::cast_from(tiles[tile * 3]);
+    let mut seq = usize::cast_from(tiles[tile * 3 + 1]);
+    let first = usize::cast_from(tiles[tile * 3 + 2]);
+    if past_end {
+        seq = 0;
+    }
+    let row_stride = heads * head_dim;
+    SeqTile {
+        seq,
+        heads,
+        row_stride,
+        base: token0 * row_stride + head * head_dim,
+        rows_base: token0 * heads + head,
+        first,
+    }
+}
+
+/// Key tiles of `block_k` rows that a query tile starting at row `first` (of `block_q` rows)
+/// needs for its history `j < i` in a sequence of `seq`: rows `0 .. min(first + block_q, seq) - 1`;
+/// none for an empty sequence (a cube past the end of the table).
+#[cube]
+pub(crate) fn history_blocks(
+    first: usize,
+    block_q: usize,
+    seq: usize,
+    #[comptime] block_k: usize,
+) -> usize {
+    let mut end = first + block_q;
+    if end > seq {
+        end = seq;
+    }
+    let mut blocks = end;
+    if end > 0 {
+        blocks = (end - 1).div_ceil(block_k);
+    }
+    blocks
+}
+
+/// Loads token rows `first..first + rows` of `at`'s sequence and head into `tile` (zero past the
+/// sequence's end: never another sequence's rows). The caller synchronises.
+#[cube]
+pub(crate) fn load_seq_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut Shared<[f32]>,
+    at: &SeqTile,
+    first: usize,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+) {
+    load_rows::<F>(
+        src,
+        tile,
+        at.base,
+        at.row_stride,
+        first,
+        at.seq,
+        1.0,
+        rows,
+        head_dim,
+        false,
+    );
+}
+
+/// The sequence-tile table of one launch (host side): every sequence cut into tiles of `block`
+/// rows, as `u32` triples `(first token, length, first row)` on the device, and the grid that
+/// gives each tile and head one cube (tiles over `x` and `y`, heads over `z`, within every
+/// runtime's 65,535 cubes per dimension).
+pub(crate) struct SequenceTiles {
+    /// `[tiles * 3]` `u32`.
+    pub table: CubeTensor,
+    /// Cubes: `(x, y, H)` with `x * y >= tiles`.
+    pub count: CubeCount,
+}
+
+/// Cubes per grid dimension the table spreads over (every runtime allows at least 65,535).
+const MAX_CUBES_PER_DIM: usize = 32_768;
+
+impl SequenceTiles {
+    /// The table of `sequences` (`(first token, length)`) in tiles of `block` rows, on `like`'s
+    /// device, for `heads` heads.
+    pub fn new(
+        like: &CubeTensor,
+        sequences: &[(usize, usize)],
+        block: usize,
+        heads: usize,
+    ) -> Self {
+        let mut table: Vec<u32> = Vec::new();
+        for &(start, len) in sequences {
+            for first in (0..len).step_by(block) {
+                table.extend([start, len, first].map(|v| {
+                    u32::try_from(v)
+                        .expect("token index fits u32 (no device buffer holds 2^32 rows)")
+                }));
+            }
+        }
+        let tiles = table.len() / 3;
+        let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let handle = like.client.create_from_slice(&bytes);
+        let table = CubeTensor::new_contiguous(
+            like.client.clone(),
+            like.device.clone(),
+            Shape::new([table.len()]),
+            handle,
+            DType::U32,
+        );
+        let x = tiles.clamp(1, MAX_CUBES_PER_DIM);
+        let y = tiles.div_ceil(x).max(1);
+        Self {
+            table,
+            count: CubeCount::Static(x as u32, y as u32, heads as u32),
+        }
+    }
+}
+
+/// The sequences of a FlashRelation call: `B` rows of `T` tokens, or the segments of a packed
+/// row, as `(first token, length)`.
+pub(crate) fn sequences(
+    segments: Option<&relation_core::Segments>,
+    batch: usize,
+    seq: usize,
+) -> Vec<(usize, usize)> {
+    match segments {
+        Some(s) => s
+            .bounds()
+            .map(|(start, end)| (start, end - start))
+            .collect(),
+        None => (0..batch).map(|b| (b * seq, seq)).collect(),
+    }
+}
+
+/// Each token's position in its own sequence, as a `u32` tensor `[tokens]` on `like`'s device.
+pub(crate) fn local_positions(like: &CubeTensor, sequences: &[(usize, usize)]) -> CubeTensor {
+    let positions: Vec<u8> = sequences
+        .iter()
+        .flat_map(|&(_, len)| 0..len)
+        .flat_map(|i| (i as u32).to_le_bytes())
+        .collect();
+    let tokens = positions.len() / 4;
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([tokens]),
+        like.client.create_from_slice(&positions),
+        DType::U32,
+    )
 }
 
 /// Loads rows `first..first + rows` of `(b, h)`'s output part of a bundled `[B, H, T + D, D]`
