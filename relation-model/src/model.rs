@@ -79,9 +79,10 @@ impl Mixer {
     /// Forward of a packed row of documents (`[1, total, d]`), each document as if alone.
     ///
     /// `F` and `L` run their packed kernels over the whole row (one FlashRelation launch per
-    /// layer on Flex and CubeCL for `F`); the attention-like mixers (`A`, `R`, `N`, `K`) run each segment through their
-    /// ordinary forward: block-diagonal causal attention and per-document retention / KDA states,
-    /// exactly, at one call per segment.
+    /// layer on Flex and CubeCL for `F`); `A` runs block-diagonal causal attention (masked equal
+    /// rows or one call per document, whichever costs less); `R`, `N` and `K` run each segment
+    /// through their ordinary forward (RealFormer's carried scores, retention's and KDA's states
+    /// per document), exactly, at one call per segment.
     fn forward_packed(
         &self,
         x: Tensor<3>,
@@ -96,6 +97,10 @@ impl Mixer {
             Self::Linear(m) => {
                 scores.iter_mut().for_each(|s| *s = None);
                 Ok(m.forward_packed(x, segments)?.0)
+            }
+            Self::Attention(m) => {
+                scores.iter_mut().for_each(|s| *s = None);
+                m.forward_packed(x, segments)
             }
             _ => {
                 let mut parts = Vec::with_capacity(segments.count());

@@ -4,7 +4,8 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Device, Int, Tensor, activation};
+use burn::tensor::{Device, Int, Tensor, TensorData, activation};
+use relation_core::{RopePositions, Segments};
 
 use super::{QkvProjection, dense, linear, merge_heads};
 use crate::cache::LayerCache;
@@ -65,6 +66,68 @@ impl CausalSelfAttention {
         dense(&self.wo, merge_heads(y.swap_dims(1, 2)))
     }
 
+    /// Block-diagonal causal attention over a packed row of documents (`segments`): every
+    /// document attends only to itself, with RoPE at its own positions.
+    ///
+    /// Two layouts give the same result, and the cheaper one runs. When the row splits into
+    /// equal rows of `R` tokens at segment boundaries (the trainer's packed micro-batch: `B`
+    /// rows of `T`), one attention call over `[total / R, H, R, R]` with a mask that keeps each
+    /// query on its own document's keys costs `total · R`; one call per document costs
+    /// `Σ len²` plus a fixed overhead per call, measured on Flex at about what `12,288` score
+    /// entries cost (the 3.7M model: per-document calls train 0.89x as fast as the masked rows
+    /// at `R = 256`, 2.3x as fast at `R = 1024`, over paragraphs of ~90 tokens).
+    ///
+    /// # Shapes
+    /// - `x`: `[1, total, d]`, output: `[1, total, d]`
+    ///
+    /// # Errors
+    /// A bad RoPE base; segments that do not cover the row.
+    pub fn forward_packed(&self, x: Tensor<3>, segments: &Segments) -> crate::Result<Tensor<3>> {
+        let (q, k, v) = self
+            .qkv
+            .forward_at(x, &RopePositions::Packed(segments.clone()))?; // [1, total, H, D] each
+        let [_, total, h, d] = q.dims();
+        let causal = AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: true,
+        };
+        let y = match equal_rows(segments).filter(|&r| masked_rows_are_cheaper(segments, r)) {
+            Some(r) => {
+                let n = total / r;
+                let rows = |t: Tensor<4>| t.reshape([n, r, h, d]).swap_dims(1, 2); // [n, H, R, D]
+                // Segment index of every token; a query sees a key only in its own segment
+                // (and, by `is_causal`, only up to itself).
+                let ids: Vec<i64> = segments
+                    .lengths()
+                    .enumerate()
+                    .flat_map(|(s, len)| std::iter::repeat_n(s as i64, len))
+                    .collect();
+                let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [n, r]), &q.device());
+                let other = ids
+                    .clone()
+                    .reshape([n, r, 1])
+                    .expand([n, r, r])
+                    .not_equal(ids.reshape([n, 1, r]).expand([n, r, r])) // [n, R, R]
+                    .reshape([n, 1, r, r])
+                    .expand([n, h, r, r]);
+                let y = attention(rows(q), rows(k), rows(v), Some(other), None, causal);
+                y.swap_dims(1, 2).reshape([1, total, h, d]) // [1, total, H, D]
+            }
+            None => {
+                let parts: Vec<Tensor<4>> = segments
+                    .bounds()
+                    .map(|(s, e)| {
+                        let cut = |t: &Tensor<4>| t.clone().narrow(1, s, e - s).swap_dims(1, 2); // [1, H, len, D]
+                        attention(cut(&q), cut(&k), cut(&v), None, None, causal).swap_dims(1, 2)
+                    })
+                    .collect();
+                Tensor::cat(parts, 1) // [1, total, H, D]
+            }
+        };
+        dense(&self.wo, merge_heads(y))
+    }
+
     /// Incremental forward with a K/V cache.
     ///
     /// # Shapes
@@ -80,6 +143,31 @@ impl CausalSelfAttention {
         let (y, _) = causal_rows(q, k, v, None);
         dense(&self.wo, merge_heads(y))
     }
+}
+
+/// The smallest row length `R` that cuts the packed row into equal rows at segment boundaries
+/// (every multiple of `R` below `total` is a segment start, and no segment is longer than `R`),
+/// if one shorter than the whole row exists.
+fn equal_rows(segments: &Segments) -> Option<usize> {
+    let total = segments.total();
+    let offsets = segments.offsets();
+    (segments.max_len()..total).find(|&r| {
+        total % r == 0
+            && (r..total)
+                .step_by(r)
+                .all(|at| offsets.binary_search(&at).is_ok())
+    })
+}
+
+/// Score entries one attention call costs beyond its own, on Flex (see
+/// [`CausalSelfAttention::forward_packed`]).
+const CALL_OVERHEAD: usize = 12_288;
+
+/// Whether one masked call over rows of `r` (`total · r` scores) costs less than one call per
+/// segment (`Σ len²` scores plus the per-call overhead).
+fn masked_rows_are_cheaper(segments: &Segments, r: usize) -> bool {
+    let per_segment: usize = segments.lengths().map(|l| l * l + CALL_OVERHEAD).sum();
+    segments.total() * r < per_segment
 }
 
 /// Materialized causal attention for the last `n` query positions over all `T` keys, adding

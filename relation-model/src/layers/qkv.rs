@@ -63,20 +63,24 @@ impl QkvProjection {
         x: Tensor<3>,
         offset: usize,
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
-        let q = rope_heads(
-            &self.wq,
-            x.clone(),
-            self.heads,
-            &RopePositions::From(offset),
-            self.rope_base,
-        )?;
-        let k = rope_heads(
-            &self.wk,
-            x.clone(),
-            self.heads,
-            &RopePositions::From(offset),
-            self.rope_base,
-        )?;
+        self.forward_at(x, &RopePositions::From(offset))
+    }
+
+    /// The projections with RoPE at `positions`: `From(offset)` as [`QkvProjection::forward`],
+    /// or a packed row's local positions (every segment from 0).
+    ///
+    /// # Shapes
+    /// - `x`: `[B, T, d]` (`[1, total, d]` when packed); output: `(Q, K, V)`, `[B, T, H, D]` each
+    ///
+    /// # Errors
+    /// A bad RoPE base; segments that do not cover the row.
+    pub fn forward_at(
+        &self,
+        x: Tensor<3>,
+        positions: &RopePositions,
+    ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
+        let q = rope_heads(&self.wq, x.clone(), self.heads, positions, self.rope_base)?;
+        let k = rope_heads(&self.wk, x.clone(), self.heads, positions, self.rope_base)?;
         Ok((q, k, split_heads(dense(&self.wv, x)?, self.heads)))
     }
 }

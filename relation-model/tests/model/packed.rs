@@ -9,16 +9,27 @@ use super::{model, tiny, tokens};
 /// Every mixer alone, and hybrids.
 const PATTERNS: [&str; 8] = ["F", "L", "A", "R", "N", "K", "LLLF", "FRAN"];
 
-/// Documents of awkward lengths in one row: the first token of each is a fresh start.
-fn segments() -> Segments {
-    Segments::from_lengths(&[1, 7, 2, 19, 1, 12]).unwrap()
+/// Two layouts of documents in one row, with the document to perturb in each: awkward lengths
+/// (the first token of each a fresh start), and the trainer's layout — equal rows of 16 tokens
+/// cut at document starts, where attention runs as masked rows instead of one call per
+/// document.
+fn layouts() -> [(Segments, usize); 2] {
+    [
+        (Segments::from_lengths(&[1, 7, 2, 19, 1, 12]).unwrap(), 3),
+        (
+            Segments::from_lengths(&[3, 5, 8, 16, 1, 15, 6, 10]).unwrap(),
+            1,
+        ),
+    ]
 }
 
 #[test]
 fn packed_logits_equal_each_document_alone() {
     let device = Device::flex();
-    let segments = segments();
-    for pattern in PATTERNS {
+    for ((segments, _), pattern) in layouts()
+        .into_iter()
+        .flat_map(|l| PATTERNS.map(|p| (l.clone(), p)))
+    {
         let config = tiny(pattern, pattern.len().max(2));
         let lm = model(&config, &device);
         let row = tokens(1, segments.total(), config.vocab_size, 3, &device);
@@ -40,15 +51,17 @@ fn packed_logits_equal_each_document_alone() {
 #[test]
 fn perturbing_one_document_leaves_the_others_bit_identical() {
     let device = Device::flex();
-    let segments = segments();
-    let bounds: Vec<_> = segments.bounds().collect();
-    for pattern in PATTERNS {
+    for ((segments, k), pattern) in layouts()
+        .into_iter()
+        .flat_map(|l| PATTERNS.map(|p| (l.clone(), p)))
+    {
+        let bounds: Vec<_> = segments.bounds().collect();
         let config = tiny(pattern, pattern.len().max(2));
         let lm = model(&config, &device);
         let row = tokens(1, segments.total(), config.vocab_size, 5, &device);
         let before = lm.forward_packed(row.clone(), &segments).unwrap();
-        // Change every token of document k (k = 3, the longest) and nothing else.
-        let (s, e) = bounds[3];
+        // Change every token of document k and nothing else.
+        let (s, e) = bounds[k];
         let mut ids: Vec<i64> = row.to_data().try_to_vec_as().unwrap();
         for id in &mut ids[s..e] {
             *id = (*id + 1) % config.vocab_size as i64;
@@ -59,13 +72,16 @@ fn perturbing_one_document_leaves_the_others_bit_identical() {
         for (n, &(start, end)) in bounds.iter().enumerate() {
             let a = before.clone().narrow(1, start, end - start).into_data();
             let b = after.clone().narrow(1, start, end - start).into_data();
-            if n == 3 {
+            if n == k {
                 assert_ne!(
                     a, b,
                     "{pattern}: the perturbed document's logits did not change"
                 );
             } else {
-                assert_eq!(a, b, "{pattern}: document {n} changed when document 3 did");
+                assert_eq!(
+                    a, b,
+                    "{pattern}: document {n} changed when document {k} did"
+                );
             }
         }
     }
