@@ -30,12 +30,13 @@ pub use linear::{
 };
 pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_swiglu};
 pub use packed::{
-    LinearForm, naive_packed_factorized_relation, naive_packed_linear_relation,
-    naive_packed_relation, naive_packed_rope,
+    LinearForm, naive_packed_exchange_only_relation, naive_packed_factorized_relation,
+    naive_packed_linear_relation, naive_packed_relation, naive_packed_rope,
 };
 pub use relation::{
-    FactorizedRelation, RelationStats, naive_evidence, naive_factorized_relation,
-    naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,
+    FactorizedRelation, RelationStats, naive_evidence, naive_exchange_only_relation,
+    naive_exchange_only_rows, naive_factorized_relation, naive_parallel_relation,
+    naive_relation_rows, naive_relation_weights, naive_self_relation,
 };
 pub use rope::{ROPE_BASE, RopePositions, naive_rope};
 pub use segments::Segments;

@@ -17,7 +17,8 @@ use crate::linear::{
     LinearRelationOutput, naive_chunk_linear_relation, naive_recurrent_linear_relation,
 };
 use crate::relation::{
-    FactorizedRelation, RelationStats, naive_factorized_relation, naive_parallel_relation,
+    FactorizedRelation, RelationStats, naive_exchange_only_relation, naive_factorized_relation,
+    naive_parallel_relation,
 };
 use crate::rope::naive_rope;
 use crate::{Segments, check};
@@ -72,6 +73,27 @@ pub fn naive_packed_relation(
 ) -> Result<Tensor<4>> {
     let ys = per_segment([p1, p2, info], tau_s, segments, |[p1, p2, info]| {
         naive_parallel_relation(p1, p2, info, lambda.clone(), tau_s)
+    })?;
+    Ok(Tensor::cat(ys, 1))
+}
+
+/// [`naive_exchange_only_relation`] over packed segments: each segment alone (its first row
+/// keeps its own information).
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`: `[1, total, H, D]`; output: `[1, total, H, D]`
+///
+/// # Errors
+/// As [`naive_exchange_only_relation`], plus segments that do not cover the packed rows.
+pub fn naive_packed_exchange_only_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    segments: &Segments,
+) -> Result<Tensor<4>> {
+    // No Self term, so no temperature: any valid one passes the shared input checks.
+    let ys = per_segment([p1, p2, info], 1.0, segments, |[p1, p2, info]| {
+        naive_exchange_only_relation(p1, p2, info)
     })?;
     Ok(Tensor::cat(ys, 1))
 }

@@ -259,6 +259,65 @@ pub fn naive_relation_rows(
     lambda: Tensor<1>,
     tau_s: f64,
 ) -> Result<Tensor<4>> {
+    check::exact_shape("lambda", &lambda, "[1]", [1])?;
+    check::tau(tau_s)?;
+    relation_rows(p1, p2, info, Transport::SelfExchange { lambda, tau_s })
+}
+
+/// How a row's information is transported: the Self-Exchange Relation, or its Exchange-only
+/// ablation. (Built once per call: the size of the tensor handle does not matter.)
+#[allow(clippy::large_enum_variant)]
+enum Transport {
+    /// `R_ii = S_i`, `R_ij = E_ij - λ log i` below the diagonal.
+    SelfExchange { lambda: Tensor<1>, tau_s: f64 },
+    /// No Self term: `softmax_{j<i} E_ij` (λ cancels); row 1 keeps its own information.
+    ExchangeOnly,
+}
+
+/// Materialized **Exchange-only** transport (`docs/maths.md#11-ablations`), the paper's
+/// ablation without the Self term: row `i > 1` is `Y_i = Σ_{j<i} softmax_{j<i}(E_ij) Ĩ_j` —
+/// every row hands its whole mass to its history — and the first row, which has no history,
+/// keeps its own information, `Y_1 = Ĩ_1`. The count calibration `- λ log i` is the same for
+/// every entry of a row and cancels in this softmax, so there is no `λ` (and no `τ_S`).
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`: `[B, T, H, D]`; output `Y`: `[B, T, H, D]`
+///
+/// # Errors
+/// Mismatched shapes, dtypes or devices, empty dimensions.
+pub fn naive_exchange_only_relation(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+) -> Result<Tensor<4>> {
+    let dims = check::bthd("p1", &p1)?;
+    check::same_bthd("p2", &p2, "p1", &dims)?;
+    relation_rows(p1, p2, info, Transport::ExchangeOnly)
+}
+
+/// The last `n` rows of [`naive_exchange_only_relation`] against all `T` keys: its decoding
+/// reference (as [`naive_relation_rows`] is for the Self-Exchange Relation).
+///
+/// # Shapes
+/// - `p1`: `[B, n, H, D]`; `p2`, `info`: `[B, T, H, D]` with `n <= T`; output: `[B, n, H, D]`
+///
+/// # Errors
+/// As [`naive_relation_rows`].
+pub fn naive_exchange_only_rows(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+) -> Result<Tensor<4>> {
+    relation_rows(p1, p2, info, Transport::ExchangeOnly)
+}
+
+/// Rows `T - n .. T` of the materialized relation under `transport`.
+fn relation_rows(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    transport: Transport,
+) -> Result<Tensor<4>> {
     let keys = check::bthd("p2", &p2)?;
     check::same_bthd("info", &info, "p2", &keys)?;
     let [b, t, h, d] = keys.dims();
@@ -274,15 +333,10 @@ pub fn naive_relation_rows(
     check::same_device("info", &info, &p1)?;
     check::same_dtype("p2", &p2, "p1", &p1)?;
     check::same_dtype("info", &info, "p1", &p1)?;
-    check::exact_shape("lambda", &lambda, "[1]", [1])?;
-    check::tau(tau_s)?;
     let offset = t - n;
     let device = p1.device();
-
-    // Self of the query rows: p1_i · p2_i with p2_i the last n keys.
-    let s = naive_self_relation(p1.clone(), p2.clone().narrow(1, offset, n), tau_s)?; // [B, n, H]
-    let s = s.swap_dims(1, 2).reshape([b, h, n, 1]); // [B, H, n, 1]
-    let u = heads_first(p1).matmul(heads_first(p2).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
+    let keys_of_rows = p2.clone().narrow(1, offset, n); // p2_i of the query rows
+    let u = heads_first(p1.clone()).matmul(heads_first(p2).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
 
     // Absolute positions: query row r is i = offset + r, key column is j.
     let rows = Tensor::<1, Int>::arange(offset as i64..t as i64, &device).reshape([1, 1, n, 1]);
@@ -290,16 +344,30 @@ pub fn naive_relation_rows(
     let rows = rows.expand([b, h, n, t]);
     let cols = cols.expand([b, h, n, t]);
     let history = cols.clone().lower(rows.clone()); // j < i
-    let diagonal = cols.equal(rows); // j == i
-    let log_i = Tensor::<1, Int>::arange(offset as i64 + 1..t as i64 + 1, &device)
-        .float()
-        .cast(u.dtype())
-        .log()
-        .reshape([1, 1, n, 1]);
-    let exchange = activation::silu(u) - lambda.reshape([1, 1, 1, 1]) * log_i; // [B, H, n, T]
-    let relation = exchange
-        .mask_fill(history.bool_not(), f64::NEG_INFINITY)
-        .mask_where(diagonal, s.expand([b, h, n, t]));
+    let diagonal = cols.clone().equal(rows); // j == i
+    let relation = match transport {
+        Transport::SelfExchange { lambda, tau_s } => {
+            // Self of the query rows: p1_i · p2_i.
+            let s = naive_self_relation(p1, keys_of_rows, tau_s)?; // [B, n, H]
+            let s = s.swap_dims(1, 2).reshape([b, h, n, 1]); // [B, H, n, 1]
+            let log_i = Tensor::<1, Int>::arange(offset as i64 + 1..t as i64 + 1, &device)
+                .float()
+                .cast(u.dtype())
+                .log()
+                .reshape([1, 1, n, 1]);
+            let exchange = activation::silu(u) - lambda.reshape([1, 1, 1, 1]) * log_i; // [B, H, n, T]
+            exchange
+                .mask_fill(history.bool_not(), f64::NEG_INFINITY)
+                .mask_where(diagonal, s.expand([b, h, n, t]))
+        }
+        Transport::ExchangeOnly => {
+            // The diagonal is open only on the first row (no history): weight 1 on itself.
+            let first_diagonal = diagonal.bool_and(cols.equal_elem(0)); // [B, H, n, T]
+            activation::silu(u)
+                .mask_fill(history.bool_not(), f64::NEG_INFINITY)
+                .mask_fill(first_diagonal, 0.0)
+        }
+    };
     let y = activation::softmax(relation, 3).matmul(heads_first(info)); // [B, H, n, D]
     Ok(y.swap_dims(1, 2))
 }

@@ -35,8 +35,8 @@ mod tile;
 
 pub use error::{KernelError, Result};
 pub use flash_relation::{
-    MAX_HEAD_DIM, flash_relation, flash_relation_packed, flash_relation_packed_with_stats,
-    flash_relation_with_stats,
+    MAX_HEAD_DIM, flash_exchange_only, flash_relation, flash_relation_packed,
+    flash_relation_packed_with_stats, flash_relation_with_stats,
 };
 pub use linear_relation::{
     CHUNK_SIZES, LinearRelationMode, MAX_LINEAR_HEAD_DIM, REFERENCE_CHUNK, chunk_linear_relation,

@@ -244,6 +244,10 @@ pub struct FlashParams {
     /// `None`: `B` independent sequences of `T` rows. `Some`: one packed row (`B = 1`) of
     /// segments, each computed alone (see `relation_core::Segments`).
     pub segments: Option<Segments>,
+    /// The Exchange-only ablation: every row with history gives its whole mass to it
+    /// (`g = 1`, `Y = Ī`), the first row keeps `Ĩ` (`g = 0`); `lambda` and `tau` then have no
+    /// effect on `Y` (`dlambda = 0`). `false`: the Self-Exchange Relation.
+    pub exchange_only: bool,
 }
 
 /// FlashRelation's inputs as the kernels take them.

@@ -3,8 +3,12 @@
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
-use relation_core::{DEFAULT_TAU, naive_factorized_relation, naive_parallel_relation};
-use relation_kernels::{KernelError, Strategy, debug, flash_relation, flash_relation_with_stats};
+use relation_core::{
+    DEFAULT_TAU, naive_exchange_only_relation, naive_factorized_relation, naive_parallel_relation,
+};
+use relation_kernels::{
+    KernelError, Strategy, debug, flash_exchange_only, flash_relation, flash_relation_with_stats,
+};
 
 use crate::common::{assert_path, devices, flash_outputs_and_grads, to_flex};
 
@@ -147,6 +151,81 @@ fn check_case(device: &Device, dims: [usize; 4], dtype: DType, seed: u64, scale:
         &r.lambda.grad(&ref_grads).unwrap(),
         grad_tol,
     );
+}
+
+/// The Exchange-only ablation's fused path against its reference: `Y` and the gradients of
+/// `p1`, `p2`, `Ĩ`, and the first row keeps `Ĩ` exactly; packed rows too.
+fn check_exchange_only(device: &Device, dims: [usize; 4], dtype: DType, seed: u64) {
+    debug::poison_outputs(true);
+    let flex = Device::flex();
+    let what = format!("Exchange-only {dims:?} {dtype:?}");
+    let c = case(dims, seed, 1.5, dtype);
+    let (fwd_tol, grad_tol) = (
+        tolerance(dtype, Check::Forward),
+        tolerance(dtype, Check::Gradient),
+    );
+    let x = c.on(&device.clone().autodiff(), dtype, true);
+    let y = assert_path(&what, "fused", || {
+        flash_exchange_only(
+            x.p1.clone(),
+            x.p2.clone(),
+            x.info.clone(),
+            None,
+            Strategy::Fused,
+        )
+        .unwrap()
+    });
+    let grads = (y.clone() * x.weights).sum().backward();
+    let r = c.on(&flex.clone().autodiff(), DType::F32, true);
+    let want = naive_exchange_only_relation(r.p1.clone(), r.p2.clone(), r.info.clone()).unwrap();
+    let ref_grads = (want.clone() * r.weights).sum().backward();
+    assert_close(&format!("Y {what}"), &to_flex(y.clone()), &want, fwd_tol);
+    // Row 1 has no history: its own information, exactly.
+    assert_eq!(
+        to_flex(y.narrow(1, 0, 1)).into_data(),
+        to_flex(x.info.clone().narrow(1, 0, 1)).into_data(),
+        "first row, {what}"
+    );
+    for (name, got, want) in [
+        ("dp1", x.p1.grad(&grads), r.p1.grad(&ref_grads)),
+        ("dp2", x.p2.grad(&grads), r.p2.grad(&ref_grads)),
+        ("dI", x.info.grad(&grads), r.info.grad(&ref_grads)),
+    ] {
+        assert_close(
+            &format!("{name} {what}"),
+            &to_flex(got.unwrap()),
+            &want.unwrap(),
+            grad_tol,
+        );
+    }
+    // Packed: every row of the batch as one segment of a packed row, each alone.
+    let [b, t, h, d] = dims;
+    let x = c.on(device, dtype, false);
+    let pack = |x: Tensor<4>| x.reshape([1, b * t, h, d]);
+    let segments = relation_core::Segments::from_lengths(&vec![t; b]).unwrap();
+    let packed = flash_exchange_only(
+        pack(x.p1.clone()),
+        pack(x.p2.clone()),
+        pack(x.info.clone()),
+        Some(&segments),
+        Strategy::Fused,
+    )
+    .unwrap();
+    let unpacked = flash_exchange_only(x.p1, x.p2, x.info, None, Strategy::Fused).unwrap();
+    assert_eq!(
+        packed.into_data(),
+        pack(unpacked).into_data(),
+        "packed, {what}"
+    );
+}
+
+device_tests! {
+    fn flash_exchange_only_matches_its_reference(device) {
+        check_exchange_only(&device, [1, 1, 2, 48], DType::F32, 20);
+        check_exchange_only(&device, [3, 63, 2, 60], DType::F32, 21);
+        check_exchange_only(&device, [2, 257, 1, 80], DType::F32, 22);
+        check_exchange_only(&device, [1, 63, 2, 64], DType::F16, 23);
+    }
 }
 
 device_tests! {

@@ -87,6 +87,22 @@ pub struct RelationLmConfig {
     /// (also when a saved `model.json` has no such field).
     #[serde(default)]
     pub linear_mode: LinearRelationMode,
+    /// The information projection `I = X W_I` of the Full Relation layers; `false` is the
+    /// paper's `I = X` ablation (no `W_I`: the layer's input itself, split into heads and
+    /// Givens-mixed, is transported; `d²` fewer parameters per layer). Default: true (also when
+    /// a saved `model.json` has no such field).
+    #[serde(default = "default_true")]
+    pub info_projection: bool,
+    /// The paper's Exchange-only ablation in the Full Relation layers: no Self term, every row
+    /// with history gives its whole mass to it, the first row keeps its own information
+    /// (`docs/maths.md#11-ablations`). Default: false (also when a saved `model.json` has no such
+    /// field).
+    #[serde(default)]
+    pub exchange_only: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// `with_…` setters for the fields that have defaults, in the style of Burn's config builders.
@@ -114,6 +130,8 @@ with_fields! {
     with_lambda_trainable => lambda_trainable: bool,
     with_givens => givens: bool,
     with_linear_mode => linear_mode: LinearRelationMode,
+    with_info_projection => info_projection: bool,
+    with_exchange_only => exchange_only: bool,
 }
 
 impl Config for RelationLmConfig {}
@@ -149,6 +167,8 @@ impl RelationLmConfig {
             lambda_trainable: true,
             givens: true,
             linear_mode: LinearRelationMode::default(),
+            info_projection: true,
+            exchange_only: false,
         }
     }
 }

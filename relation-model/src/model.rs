@@ -182,6 +182,8 @@ impl RelationLmConfig {
                         .with_lambda_init(self.lambda_init)
                         .with_lambda_trainable(self.lambda_trainable)
                         .with_givens(self.givens)
+                        .with_info_projection(self.info_projection)
+                        .with_exchange_only(self.exchange_only)
                         .with_rope_base(rope_base)
                         .init(device)?,
                 ),

@@ -105,6 +105,10 @@ pub struct ModelSpec {
     /// `{"chunked": {"chunk_size": N}}`; on the command line `--linear-mode chunked:N`). The
     /// same function either way: it changes speed and rounding, never the parameters.
     pub linear_mode: Option<LinearRelationMode>,
+    /// `false` is the `I = X` ablation of the Full Relation layers (no `W_I`).
+    pub info_projection: Option<bool>,
+    /// `true` is the Exchange-only ablation of the Full Relation layers (no Self term).
+    pub exchange_only: Option<bool>,
 }
 
 impl Default for ModelSpec {
@@ -121,6 +125,8 @@ impl Default for ModelSpec {
             lambda_trainable: None,
             givens: None,
             linear_mode: None,
+            info_projection: None,
+            exchange_only: None,
         }
     }
 }
@@ -170,6 +176,12 @@ impl ModelSpec {
         }
         if let Some(v) = self.linear_mode {
             config.linear_mode = v;
+        }
+        if let Some(v) = self.info_projection {
+            config.info_projection = v;
+        }
+        if let Some(v) = self.exchange_only {
+            config.exchange_only = v;
         }
         config.validate()?;
         Ok(config)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The small-budget comparison: Relation (F) vs MHA (A) vs Hybrid (LLLF) and the
-# paper's ablations (lambda = 0 frozen, single head, no Givens), three seeds each, on the State of
+# paper's ablations (lambda = 0 frozen, single head, no Givens, raw input as information I = X,
+# Exchange-only transport), three seeds each, on the State of
 # the Union corpus (data/sotu.txt, contiguous split: first 90 % train, next 5 % validation, last
 # 5 % unread), all with the same trainer, tokenizer, data order and validation tokens.
 #
@@ -19,7 +20,7 @@ cd "$(dirname "$0")/../.."
 # BIN=path/to/relation pins a prebuilt binary; otherwise it is built here.
 ensure_bin
 
-VARIANTS="${VARIANTS:-F A LLLF F-lambda0 F-1head F-nogivens}"
+VARIANTS="${VARIANTS:-F A LLLF F-lambda0 F-1head F-nogivens F-rawx F-exonly}"
 SEEDS="${SEEDS:-0 1 2}"
 STEPS=500
 OUT="${OUT:-runs/small}"
@@ -42,6 +43,8 @@ variant_flags() {
     F-lambda0) echo "--preset cpu --pattern F --n-heads 8 --lambda-init 0 --freeze-lambda" ;;
     F-1head) echo "--preset cpu --pattern F --n-heads 1 --no-givens" ;;
     F-nogivens) echo "--preset cpu --pattern F --n-heads 8 --no-givens" ;;
+    F-rawx) echo "--preset cpu --pattern F --n-heads 8 --info-from-input" ;;
+    F-exonly) echo "--preset cpu --pattern F --n-heads 8 --exchange-only" ;;
     *) echo "unknown variant $1" >&2; exit 2 ;;
   esac
 }

@@ -88,6 +88,7 @@ fn flash_relation_fwd_kernel<F: Float>(
     #[comptime] head_dim: usize,
     #[comptime] block_k: usize,
     #[comptime] save_ibar: bool,
+    #[comptime] exchange_only: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let at = seq_tile::<F>(p1, tiles, head_dim);
@@ -168,6 +169,9 @@ fn flash_relation_fwd_kernel<F: Float>(
             lse = m + l.ln();
             let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
             g = sigmoid(log_mass - s);
+            if comptime!(exchange_only) {
+                g = 1.0f32; // the Exchange-only ablation: the whole row to the history
+            }
             inv_l = 1.0f32 / l;
         }
         #[unroll]
@@ -211,6 +215,7 @@ fn launch_forward(
         scale,
         inv_tau,
         segments,
+        exchange_only,
     } = params;
     let (p1, p2, info, lambda) = (
         into_contiguous(p1),
@@ -250,6 +255,7 @@ fn launch_forward(
         d,
         tiling.block_k,
         save_ibar,
+        exchange_only,
         dtype_to_storage_type(dtype),
     );
     Forward { y, ibar, stats }

@@ -300,10 +300,12 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         ..
     } = args;
     let FlashSaved { ibar, stats, dy } = saved;
+    // `g` comes from the saved statistics: the Exchange-only ablation needs nothing here.
     let FlashParams {
         scale,
         inv_tau,
         segments,
+        ..
     } = params;
     launches::record(&launches::FLASH_RELATION_BWD);
     let (p1, p2, info, ibar, stats, dy) = (

@@ -191,6 +191,7 @@ fn launch_forward(
         scale,
         inv_tau,
         segments,
+        exchange_only,
     } = params;
     launches::record(&launches::FLASH_RELATION_FWD);
     let dims = dims4(&p1);
@@ -236,6 +237,7 @@ fn launch_forward(
                         lambda,
                         scale,
                         inv_tau,
+                        exchange_only,
                     });
                 });
         });
@@ -269,6 +271,8 @@ struct ForwardBlock<'a, 'b> {
     lambda: f32,
     scale: f32,
     inv_tau: f32,
+    /// `g = 1` on every row with history (the Exchange-only ablation).
+    exchange_only: bool,
 }
 
 impl Vectorized for ForwardBlock<'_, '_> {
@@ -290,6 +294,7 @@ fn forward_block(
         lambda,
         scale,
         inv_tau,
+        exchange_only,
     }: ForwardBlock<'_, '_>,
 ) {
     let d = head.d;
@@ -354,7 +359,12 @@ fn forward_block(
         let (lse, g, inv_l) = if i > 0 {
             let lse = m[r] + l[r].ln();
             let log_mass = lse - lambda * ((i + 1) as f32).ln();
-            (lse, sigmoid(log_mass - s), 1.0 / l[r])
+            let g = if exchange_only {
+                1.0
+            } else {
+                sigmoid(log_mass - s)
+            };
+            (lse, g, 1.0 / l[r])
         } else {
             (NO_HISTORY_LSE, 0.0, 0.0)
         };
@@ -384,10 +394,13 @@ pub(crate) fn backward(
     FlashSaved { ibar, stats, dy }: FlashSaved<FlexTensor>,
 ) -> FlashGrads<Flex> {
     launches::record(&launches::FLASH_RELATION_BWD);
+    // The backward reads `g` from the saved statistics, so the Exchange-only ablation (`g` = 1
+    // or 0, constant) needs nothing here: `dA = dg g (1 - g)` and `dS` vanish on their own.
     let FlashParams {
         scale,
         inv_tau,
         segments,
+        ..
     } = params;
     let dims = dims4(&p1);
     let [b, t, h, d] = dims;

@@ -11,7 +11,8 @@ pub(crate) mod flex;
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor, TensorData};
 use relation_core::{
-    FactorizedRelation, RelationStats, Segments, check, naive_factorized_relation,
+    FactorizedRelation, RelationStats, Segments, check, naive_exchange_only_relation,
+    naive_factorized_relation, naive_packed_exchange_only_relation,
     naive_packed_factorized_relation, naive_packed_relation, naive_parallel_relation,
 };
 
@@ -73,9 +74,61 @@ fn checked(
             scale: (1.0 / (dims.head_dim as f64).sqrt()) as f32,
             inv_tau: (1.0 / tau) as f32,
             segments: segments.cloned(),
+            exchange_only: false,
         },
         fused,
     })
+}
+
+/// The **Exchange-only** ablation of FlashRelation (`docs/maths.md#11-ablations`): every row
+/// with history hands its whole mass to it, `Y_i = Ī_i = Σ_{j<i} softmax_{j<i}(E_ij) Ĩ_j`, and
+/// the first row (of each sequence, or of each segment when `segments` is given) keeps its own
+/// information, `Y_1 = Ĩ_1`. No Self term, so no `tau_S`, and no `lambda` (the count calibration
+/// cancels inside one row's softmax).
+///
+/// The same fused kernels as [`flash_relation`] with the Exchange share fixed at 1 (forward and
+/// backward, Flex and CubeCL, packed or not); elsewhere (or with [`Strategy::Reference`])
+/// `relation_core::naive_exchange_only_relation` (packed: `naive_packed_exchange_only_relation`).
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`: `[B, T, H, D]` (`[1, total, H, D]` with `segments`)
+/// - output: same as `info`
+///
+/// # Errors
+/// As [`flash_relation`] (and [`flash_relation_packed`] with `segments`).
+pub fn flash_exchange_only(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    segments: Option<&Segments>,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    // The kernels still compute S (for their statistics) and read lambda for A: any valid
+    // values do, neither reaches Y.
+    let lambda = Tensor::<1>::zeros([1], &p1.device()).cast(p1.dtype());
+    let mut c = checked(
+        &p1,
+        &p2,
+        &info,
+        &lambda,
+        relation_core::DEFAULT_TAU,
+        segments,
+        strategy,
+    )?;
+    if !c.fused {
+        return Ok(match segments {
+            None => naive_exchange_only_relation(p1, p2, info)?,
+            Some(s) => naive_packed_exchange_only_relation(p1, p2, info, s)?,
+        });
+    }
+    c.params.exchange_only = true;
+    Ok(Tensor::from_dispatch(Dispatch::flash_relation(
+        p1.into_dispatch(),
+        p2.into_dispatch(),
+        info.into_dispatch(),
+        lambda.detach().into_dispatch(),
+        c.params,
+    )))
 }
 
 /// Self-Exchange Relation with the fused FlashRelation kernel where available.

@@ -152,7 +152,7 @@ fn equal_rows(segments: &Segments) -> Option<usize> {
     let total = segments.total();
     let offsets = segments.offsets();
     (segments.max_len()..total).find(|&r| {
-        total % r == 0
+        total.is_multiple_of(r)
             && (r..total)
                 .step_by(r)
                 .all(|at| offsets.binary_search(&at).is_ok())

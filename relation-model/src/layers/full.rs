@@ -4,8 +4,8 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use relation_core::{RopePositions, Segments, naive_relation_rows};
-use relation_kernels::{Strategy, flash_relation, flash_relation_packed};
+use relation_core::{RopePositions, Segments, naive_exchange_only_rows, naive_relation_rows};
+use relation_kernels::{Strategy, flash_exchange_only, flash_relation, flash_relation_packed};
 
 use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads};
 use crate::cache::LayerCache;
@@ -35,6 +35,14 @@ pub struct MultiHeadRelationConfig {
     /// Givens mixing of the information heads. Default: true.
     #[config(default = true)]
     pub givens: bool,
+    /// The information projection `I = X W_I`; `false` is the `I = X` ablation (the layer's
+    /// input itself is transported). Default: true.
+    #[config(default = true)]
+    pub info_projection: bool,
+    /// The Exchange-only ablation (no Self term; see
+    /// [`relation_kernels::flash_exchange_only`]). Default: false.
+    #[config(default = false)]
+    pub exchange_only: bool,
 }
 
 impl MultiHeadRelationConfig {
@@ -51,12 +59,14 @@ impl MultiHeadRelationConfig {
                 .with_layer(self.layer)
                 .with_rope_base(self.rope_base)
                 .with_givens(self.givens)
+                .with_info_projection(self.info_projection)
                 .init(device)?,
             wo: linear(d, d, device),
             lambda: Param::from_tensor(Tensor::from_data([self.lambda_init as f32], device)),
             lambda_trainable: self.lambda_trainable,
             layer: self.layer,
             tau: self.tau,
+            exchange_only: self.exchange_only,
         })
     }
 }
@@ -80,6 +90,8 @@ pub struct MultiHeadRelation {
     pub layer: usize,
     /// `tau_S`.
     pub tau: f64,
+    /// The Exchange-only ablation: no Self term (`lambda` and `tau` unused).
+    pub exchange_only: bool,
 }
 
 impl MultiHeadRelation {
@@ -98,7 +110,11 @@ impl MultiHeadRelation {
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (p1, p2, info) = self.projection.forward(x, 0)?;
-        let y = flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?;
+        let y = if self.exchange_only {
+            flash_exchange_only(p1, p2, info, None, Strategy::Auto)?
+        } else {
+            flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?
+        };
         dense(&self.wo, merge_heads(y))
     }
 
@@ -114,15 +130,19 @@ impl MultiHeadRelation {
     pub fn forward_packed(&self, x: Tensor<3>, segments: &Segments) -> crate::Result<Tensor<3>> {
         let positions = RopePositions::Packed(segments.clone());
         let (p1, p2, info) = self.projection.forward_at(x, &positions)?;
-        let y = flash_relation_packed(
-            p1,
-            p2,
-            info,
-            self.lambda(),
-            self.tau,
-            segments,
-            Strategy::Auto,
-        )?;
+        let y = if self.exchange_only {
+            flash_exchange_only(p1, p2, info, Some(segments), Strategy::Auto)?
+        } else {
+            flash_relation_packed(
+                p1,
+                p2,
+                info,
+                self.lambda(),
+                self.tau,
+                segments,
+                Strategy::Auto,
+            )?
+        };
         dense(&self.wo, merge_heads(y))
     }
 
@@ -142,17 +162,18 @@ impl MultiHeadRelation {
         let (p2_all, info_all) = cache.append_full(p2, info)?;
         // A prefill from an empty cache is the full causal forward (fused); later chunks compute
         // their rows against every cached position with the reference.
-        let y = if offset == 0 {
-            flash_relation(
+        let y = match (offset, self.exchange_only) {
+            (0, false) => flash_relation(
                 p1,
                 p2_all,
                 info_all,
                 self.lambda(),
                 self.tau,
                 Strategy::Auto,
-            )?
-        } else {
-            naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?
+            )?,
+            (0, true) => flash_exchange_only(p1, p2_all, info_all, None, Strategy::Auto)?,
+            (_, false) => naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?,
+            (_, true) => naive_exchange_only_rows(p1, p2_all, info_all)?,
         };
         dense(&self.wo, merge_heads(y))
     }

@@ -26,6 +26,10 @@ pub struct RelationProjectionConfig {
     /// Givens mixing of the information heads; `false` is the "no Givens" ablation. Default: true.
     #[config(default = true)]
     pub givens: bool,
+    /// The information projection `I = X W_I`; `false` is the `I = X` ablation: no `W_I`, the
+    /// layer's input itself (split into heads, then Givens-mixed) is transported. Default: true.
+    #[config(default = true)]
+    pub info_projection: bool,
 }
 
 impl RelationProjectionConfig {
@@ -43,7 +47,7 @@ impl RelationProjectionConfig {
         Ok(RelationProjection {
             w1: linear(d, d, device),
             w2: linear(d, d, device),
-            wi: linear(d, d, device),
+            wi: self.info_projection.then(|| linear(d, d, device)),
             angles: self
                 .givens
                 .then(|| Param::from_tensor(Tensor::zeros([self.n_heads / 2], device))),
@@ -64,8 +68,8 @@ pub struct RelationProjection {
     pub w1: Linear,
     /// `P2 = X W2`.
     pub w2: Linear,
-    /// `I = X W_I`.
-    pub wi: Linear,
+    /// `I = X W_I`; `None` in the `I = X` ablation.
+    pub wi: Option<Linear>,
     /// Givens angles, `[H / 2]`, f32; `None` without Givens mixing (then `Ĩ = I`).
     pub angles: Option<Param<Tensor<1>>>,
     /// Layer index (chooses the Givens pairing).
@@ -108,7 +112,11 @@ impl RelationProjection {
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let p1 = rope_heads(&self.w1, x.clone(), self.heads, positions, self.rope_base)?;
         let p2 = rope_heads(&self.w2, x.clone(), self.heads, positions, self.rope_base)?;
-        let info = split_heads(dense(&self.wi, x)?, self.heads); // [B, T, H, D]
+        let info = match &self.wi {
+            Some(wi) => dense(wi, x)?,
+            None => x, // I = X
+        };
+        let info = split_heads(info, self.heads); // [B, T, H, D]
         let info = match &self.angles {
             Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,
             None => info,

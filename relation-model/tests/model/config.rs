@@ -162,8 +162,49 @@ fn ablation_switches_do_what_they_say() {
     let hot = model(&tiny("F", 2).with_tau(1.0), &device)
         .forward(x.clone())
         .unwrap();
-    let diff = (base - hot).abs().max().into_scalar::<f64>();
+    let diff = (base.clone() - hot).abs().max().into_scalar::<f64>();
     assert!(diff > 1e-6, "tau 1 vs 2 must change the logits ({diff})");
+
+    // I = X: no W_I in the Full Relation layers (d² fewer parameters each; Linear Relation
+    // layers keep theirs), other logits.
+    let full = model(&tiny("FL", 2), &device).num_params();
+    let raw = tiny("FL", 2).with_info_projection(false);
+    assert_eq!(
+        full - model(&raw, &device).num_params(),
+        32 * 32,
+        "one F layer"
+    );
+    let raw_logits = model(&tiny("F", 2).with_info_projection(false), &device)
+        .forward(x.clone())
+        .unwrap();
+    assert!((base.clone() - raw_logits).abs().max().into_scalar::<f64>() > 1e-6);
+
+    // Exchange-only: the same parameters, lambda without effect (zero gradient), tau without
+    // effect on the logits, other logits than the Self-Exchange Relation.
+    let exchange = tiny("F", 2).with_exchange_only(true);
+    assert_eq!(
+        model(&exchange, &device).num_params(),
+        model(&tiny("F", 2), &device).num_params()
+    );
+    let (grad, _) = lambda_grad(&exchange);
+    let grad = grad.map_or(0.0, |g| g.abs().max().into_scalar::<f64>());
+    assert_eq!(grad, 0.0, "lambda cancels in Exchange-only transport");
+    // (One set of weights, its tau changed in place: Flex's weight RNG is process-wide, so two
+    // models built by concurrent tests need not share weights.)
+    let lm = model(&exchange, &device);
+    let a = lm.forward(x.clone()).unwrap();
+    let mut hot = lm.clone();
+    for block in &mut hot.blocks {
+        if let Mixer::Full(layer) = &mut block.mixer {
+            layer.tau = 1.0;
+        }
+    }
+    let b = hot.forward(x.clone()).unwrap();
+    assert_eq!(a.to_data(), b.to_data(), "tau has no effect without Self");
+    assert!((base - a).abs().max().into_scalar::<f64>() > 1e-6);
+
+    // (A model.json written before the switches existed loads with both off: the old JSON of
+    // `linear_mode_is_a_config_switch` equals the default configuration.)
 }
 
 /// The Linear Relation mode is a configuration switch: chunked kernels give the recurrent
@@ -174,13 +215,22 @@ fn linear_mode_is_a_config_switch() {
     use relation_model::LinearRelationMode;
     let device = Device::flex();
     let ids = tokens(2, 40, 97, 4, &device);
-    let recurrent = model(&tiny("L", 2), &device).forward(ids.clone()).unwrap();
+    let lm = model(&tiny("L", 2), &device);
+    let recurrent = lm.forward(ids.clone()).unwrap();
     let chunked_config = tiny("L", 2).with_linear_mode("chunked:32".parse().unwrap());
     assert_eq!(
         chunked_config.linear_mode,
         LinearRelationMode::Chunked { chunk_size: 32 }
     );
-    let chunked = model(&chunked_config, &device).forward(ids).unwrap();
+    // The same weights with the chunked mode (Flex's weight RNG is process-wide: a second model
+    // built while other tests draw weights need not get the same ones).
+    let mut chunked_lm = lm.clone();
+    for block in &mut chunked_lm.blocks {
+        if let Mixer::Linear(layer) = &mut block.mixer {
+            layer.mode = chunked_config.linear_mode;
+        }
+    }
+    let chunked = chunked_lm.forward(ids).unwrap();
     assert_close(
         "chunked:32 vs recurrent",
         &chunked,

@@ -9,7 +9,14 @@ use super::{model, tiny, tokens};
 
 /// Token-by-token decoding, and chunked prefill then decoding, equal the full forward.
 fn check_cached_decoding(device: &Device, pattern: &str) {
-    let config = tiny(pattern, 4);
+    check_cached_decoding_of(device, tiny(pattern, 4), pattern);
+}
+
+fn check_cached_decoding_of(
+    device: &Device,
+    config: relation_model::RelationLmConfig,
+    pattern: &str,
+) {
     let lm = model(&config, device);
     let seq = 12;
     let ids = tokens(2, seq, 97, 3, device);
@@ -43,6 +50,21 @@ fn cached_decoding_equals_full_forward_on_flex() {
     for pattern in ["F", "L", "A", "R", "N", "K", "LLLF", "RRAR"] {
         check_cached_decoding(&Device::flex(), pattern);
     }
+}
+
+#[test]
+fn cached_decoding_equals_full_forward_for_the_ablations() {
+    let device = Device::flex();
+    check_cached_decoding_of(
+        &device,
+        tiny("F", 4).with_exchange_only(true),
+        "F Exchange-only",
+    );
+    check_cached_decoding_of(
+        &device,
+        tiny("FL", 4).with_info_projection(false),
+        "FL I = X",
+    );
 }
 
 #[cfg(feature = "wgpu")]

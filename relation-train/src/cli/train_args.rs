@@ -126,6 +126,13 @@ pub struct ModelFlags {
     /// parameters and function either way.
     #[arg(long, value_name = "MODE")]
     pub linear_mode: Option<LinearRelationMode>,
+    /// Ablation: the Full Relation layers transport their input itself (I = X: no W_I).
+    #[arg(long)]
+    pub info_from_input: bool,
+    /// Ablation: Exchange-only transport in the Full Relation layers (no Self term; the first
+    /// token keeps its own information).
+    #[arg(long)]
+    pub exchange_only: bool,
 }
 
 /// `relation train`'s data flags.
@@ -264,6 +271,8 @@ impl ModelFlags {
             "--freeze-lambda": self.freeze_lambda.then_some(Some(false)) => m.lambda_trainable,
             "--no-givens": self.no_givens.then_some(Some(false)) => m.givens,
             "--linear-mode": self.linear_mode.map(Some) => m.linear_mode,
+            "--info-from-input": self.info_from_input.then_some(Some(false)) => m.info_projection,
+            "--exchange-only": self.exchange_only.then_some(Some(true)) => m.exchange_only,
         );
     }
 }

@@ -281,6 +281,12 @@ fn switches(c: &RelationLmConfig) -> String {
     if !c.givens {
         switches.push("no Givens".into());
     }
+    if !c.info_projection && c.pattern.contains('F') {
+        switches.push("I = X".into());
+    }
+    if c.exchange_only && c.pattern.contains('F') {
+        switches.push("Exchange-only".into());
+    }
     if c.linear_mode != Default::default() && c.pattern.contains('L') {
         switches.push(format!("Linear Relation {}", c.linear_mode));
     }

@@ -103,6 +103,29 @@ fn ablation_flags_train_and_are_recorded() {
             .all(|r| r["loss"].as_f64().unwrap().is_finite())
     );
 
+    // The two transport ablations: I = X and Exchange-only, recorded and trained.
+    let run = tmp.path().join("transport");
+    let mut args = with(tiny_args(&run, &cache, &corpus), "--steps", "4");
+    args.extend([
+        "--info-from-input".to_string(),
+        "--exchange-only".to_string(),
+    ]);
+    let out = ok(&args);
+    assert!(out.contains("(I = X, Exchange-only)"), "{out}");
+    let model: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("model.json")).unwrap()).unwrap();
+    assert_eq!(
+        model["info_projection"],
+        serde_json::json!(false),
+        "{model}"
+    );
+    assert_eq!(model["exchange_only"], serde_json::json!(true), "{model}");
+    assert!(
+        rows(&run)
+            .iter()
+            .all(|r| r["loss"].as_f64().unwrap().is_finite())
+    );
+
     // Without --no-givens an odd head count is refused with the reason.
     let odd = with(
         tiny_args(&tmp.path().join("odd"), &cache, &corpus),
