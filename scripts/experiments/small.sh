@@ -8,6 +8,7 @@
 #   scripts/experiments/small.sh                # every variant, seeds 0 1 2
 #   VARIANTS="F A" SEEDS=0 scripts/experiments/small.sh
 #   STOP_AT=250 scripts/experiments/small.sh    # stop each run at step 250; rerun to continue
+#   COMMIT_EACH=1 scripts/experiments/small.sh  # commit each run's raw metrics as it finishes
 #
 # Runs live in runs/small/<variant>-s<seed>/ (metrics.csv, config, checkpoints). A finished run is
 # skipped, an unfinished one resumed bit-exactly, so the script can be stopped and rerun at will.
@@ -49,9 +50,11 @@ variant_flags() {
   esac
 }
 
-run_grid
-
-# The raw metrics of every run (what the report reads) go into the repository, then the report.
+# The raw metrics of every run (what the report reads) go into the repository (with
+# COMMIT_EACH=1, committed as each run finishes), then the report.
 RAW="${RAW:-docs/results/small/runs}"
+LABEL="small"
+ON_FINISH=commit_finished_run
+run_grid
 collect_raw "$RAW"
 "$BIN" report "$RAW" --out docs/results/small
