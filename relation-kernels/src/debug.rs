@@ -1,21 +1,7 @@
 //! Debugging switches for tests (the `testing` feature).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-static POISON: AtomicBool = AtomicBool::new(false);
-
-/// Fill every kernel output with NaN before the kernel runs (CubeCL and Flex alike), so that
-/// memory a kernel forgets to write shows up as NaN in comparisons. Process-wide; costs one
-/// fill per output.
-pub fn poison_outputs(enabled: bool) {
-    POISON.store(enabled, Ordering::Relaxed);
-}
-
-/// Whether outputs are poisoned (see [`poison_outputs`]).
-#[allow(dead_code)]
-pub(crate) fn poisoning() -> bool {
-    POISON.load(Ordering::Relaxed)
-}
+#[allow(unused_imports)] // used by tests through the `testing` feature
+pub use crate::poison::poison_outputs;
 
 #[cfg(feature = "flex")]
 pub use crate::tile::flex::Triangle;

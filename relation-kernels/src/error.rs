@@ -22,6 +22,17 @@ pub enum KernelError {
         /// The device that was passed.
         device: String,
     },
+    /// [`Strategy::Fused`](crate::Strategy::Fused) was asked for with a dtype the kernels do
+    /// not take ([`KERNEL_DTYPES`](crate::KERNEL_DTYPES)).
+    #[error(
+        "no fused `{op}` kernel for dtype {dtype}: the kernels take f32, f16, bf16 and f64; use Strategy::Auto (the reference) or cast"
+    )]
+    UnsupportedDtype {
+        /// The operation.
+        op: &'static str,
+        /// The dtype that was passed.
+        dtype: String,
+    },
     /// The head dimension is larger than the kernel supports.
     #[error("`{op}` kernel supports head dims up to {max}, got D = {head_dim}")]
     HeadDimTooLarge {

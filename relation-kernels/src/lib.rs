@@ -47,7 +47,7 @@ pub use lm::LmOps;
 pub use lm::{cross_entropy, dense, rms_norm, rope, rope_packed, swiglu};
 pub use ops::{FlashParams, RelationOps};
 pub use self_relation::self_relation;
-pub use strategy::{Strategy, has_kernels, is_cube, is_flex};
+pub use strategy::{KERNEL_DTYPES, Strategy, has_kernels, is_cube, is_flex};
 
 // Test support: public with the `testing` feature (the tests and benchmarks of this workspace),
 // crate-private otherwise (the kernels still count launches and honour poisoning; nothing outside
@@ -62,6 +62,7 @@ pub mod launches;
 #[cfg(not(feature = "testing"))]
 #[allow(dead_code)]
 mod launches;
+mod poison;
 
 /// Threads the CPU kernels (and Flex's own operations) run on: the size of the current rayon
 /// pool, which is every core unless `RAYON_NUM_THREADS` or an installed pool says otherwise.

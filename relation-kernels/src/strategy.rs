@@ -1,6 +1,6 @@
 //! Choosing between the fused kernel and the reference.
 
-use burn::tensor::Device;
+use burn::tensor::{DType, Device, Tensor};
 
 /// How an operation is computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -15,40 +15,64 @@ pub enum Strategy {
     Fused,
 }
 
+/// The float dtypes the fused kernels take (f32 accumulation inside); any other dtype (a
+/// quantized or 8-bit float tensor, say) runs the reference under [`Strategy::Auto`] and is
+/// [`KernelError::UnsupportedDtype`](crate::KernelError::UnsupportedDtype) under
+/// [`Strategy::Fused`].
+pub const KERNEL_DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
+
 impl Strategy {
-    /// Whether this strategy runs the fused kernel on `device`, or the error to return.
-    pub(crate) fn use_fused(self, op: &'static str, device: &Device) -> crate::Result<bool> {
+    /// Whether this strategy runs the fused kernel for `x` (its device and dtype), or the error
+    /// to return.
+    pub(crate) fn use_fused<const D: usize>(
+        self,
+        op: &'static str,
+        x: &Tensor<D>,
+    ) -> crate::Result<bool> {
         let available = "CubeCL devices (wgpu, vulkan, metal, cuda, rocm, cpu) and Flex";
-        self.decide(op, device, has_kernels(device), available)
+        self.decide(op, x, has_kernels(&x.device()), available)
     }
 
     /// As [`use_fused`](Self::use_fused) for operations whose only fused kernel is Flex's (the
     /// language-model element-wise ops): CubeCL devices take the reference, which Burn's fusion
     /// compiles into one kernel.
-    pub(crate) fn use_fused_flex(self, op: &'static str, device: &Device) -> crate::Result<bool> {
-        self.decide(op, device, is_flex(device), "Flex")
-    }
-
-    /// `Auto` fuses where `here` (the device has the kernel); `Fused` elsewhere is an error
-    /// naming the devices that have it.
-    fn decide(
+    pub(crate) fn use_fused_flex<const D: usize>(
         self,
         op: &'static str,
-        device: &Device,
+        x: &Tensor<D>,
+    ) -> crate::Result<bool> {
+        self.decide(op, x, is_flex(&x.device()), "Flex")
+    }
+
+    /// `Auto` fuses where `here` (the device has the kernel) and the dtype is one the kernels
+    /// take; `Fused` otherwise is an error naming what is missing.
+    fn decide<const D: usize>(
+        self,
+        op: &'static str,
+        x: &Tensor<D>,
         here: bool,
         available: &'static str,
     ) -> crate::Result<bool> {
+        let device = x.device();
+        let dtype = x.dtype();
+        let dtype_ok = KERNEL_DTYPES.contains(&dtype);
         let fused = match self {
             Self::Reference => false,
-            Self::Auto => here,
-            Self::Fused if here => true,
-            Self::Fused => {
+            Self::Auto => here && dtype_ok,
+            Self::Fused if !here => {
                 return Err(crate::KernelError::FusedUnavailable {
                     op,
                     available,
                     device: format!("{device:?}"),
                 });
             }
+            Self::Fused if !dtype_ok => {
+                return Err(crate::KernelError::UnsupportedDtype {
+                    op,
+                    dtype: format!("{dtype:?}"),
+                });
+            }
+            Self::Fused => true,
         };
         // `RUST_LOG=relation_kernels=debug` shows which path every call took (per call: at
         // `trace` the kernels add their tile sizes).
@@ -56,6 +80,7 @@ impl Strategy {
             op,
             strategy = ?self,
             ?device,
+            ?dtype,
             path = if fused { "fused" } else { "reference" },
             "kernel choice"
         );

@@ -22,11 +22,11 @@ use relation_core::testing::{Check, assert_close, tolerance};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput};
 use relation_kernels::{
     CHUNK_SIZES, KernelError, Strategy, chunk_linear_relation, debug,
-    fused_recurrent_linear_relation, launches, linear_relation_step,
+    fused_recurrent_linear_relation, linear_relation_step,
 };
 
-use crate::common::{devices, to_flex};
-use crate::linear_relation::{On, case, reference};
+use crate::common::{assert_path, devices};
+use crate::linear_relation::{LinearCase, On, case, check_against_reference, reference};
 
 fn run(x: &On, chunk: usize, strategy: Strategy) -> LinearRelationOutput {
     let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
@@ -55,66 +55,17 @@ fn check_case(
     with_state: bool,
     grads: bool,
 ) {
-    debug::poison_outputs(true);
-    let flex = Device::flex();
-    let what = format!("{dims:?} chunk {chunk} {dtype:?} gates {gate:?} state {with_state}");
-    let c = case(dims, seed, gate, with_state, dtype);
-    let (fwd_tol, grad_tol) = (
-        tolerance(dtype, Check::Forward),
-        tolerance(dtype, Check::Gradient),
-    );
-
-    let before = launches::chunk_linear_relation_forward();
-    let fused = run(&c.on(device, dtype, false), chunk, Strategy::Fused);
-    let expected = reference(&c.on(&flex, DType::F32, false));
-    let (y, state) = (to_flex(fused.y), to_flex(fused.state)); // read before the counter
-    assert_close(&format!("Y {what}"), &y, &expected.y, fwd_tol);
-    assert_close(&format!("state {what}"), &state, &expected.state, fwd_tol);
-    assert!(
-        launches::chunk_linear_relation_forward() > before,
-        "{what}: the chunked forward did not run"
-    );
-    if !grads {
-        return;
-    }
-
-    let ad = device.clone().autodiff();
-    let x = c.on(&ad, dtype, true);
-    let (fwd_before, bwd_before) = (
-        launches::chunk_linear_relation_forward(),
-        launches::chunk_linear_relation_backward(),
-    );
-    let out = run(&x, chunk, Strategy::Fused);
-    let grads = c.loss(&out, &ad, dtype).backward();
-    let flex_ad = flex.clone().autodiff();
-    let r = c.on(&flex_ad, DType::F32, true);
-    let ref_grads = c.loss(&reference(&r), &flex_ad, DType::F32).backward();
-    for (i, name) in ["dp1", "dp2", "dI", "dlog_alpha"].iter().enumerate() {
-        let got = to_flex(x.inputs[i].grad(&grads).unwrap());
-        assert_close(
-            &format!("{name} {what}"),
-            &got,
-            &r.inputs[i].grad(&ref_grads).unwrap(),
-            grad_tol,
-        );
-    }
-    if let (Some(s), Some(rs)) = (&x.state, &r.state) {
-        let got = to_flex(s.grad(&grads).unwrap());
-        assert_close(
-            &format!("dstate {what}"),
-            &got,
-            &rs.grad(&ref_grads).unwrap(),
-            grad_tol,
-        );
-    }
-    assert!(
-        launches::chunk_linear_relation_forward() > fwd_before,
-        "{what}: the chunked forward did not run under autodiff"
-    );
-    assert!(
-        launches::chunk_linear_relation_backward() > bwd_before,
-        "{what}: the chunked backward did not run"
-    );
+    let case = LinearCase {
+        dims,
+        dtype,
+        seed,
+        gate,
+        with_state,
+        grads,
+    };
+    check_against_reference(device, &format!("chunk {chunk}"), &case, |x, strategy| {
+        run(x, chunk, strategy)
+    });
 }
 
 device_tests! {
@@ -329,12 +280,9 @@ fn chunk_auto_on_flex_runs_the_kernel_and_reference_stays_available() {
     let tol = tolerance(DType::F32, Check::Forward);
     let expected = reference(&x);
     for &chunk in CHUNK_SIZES {
-        let before = launches::chunk_linear_relation_forward();
-        let auto = run(&x, chunk, Strategy::Auto);
-        assert!(
-            launches::chunk_linear_relation_forward() > before,
-            "Auto on Flex did not run the Flex kernel"
-        );
+        let auto = assert_path(&format!("Auto on Flex, chunk {chunk}"), "fused", || {
+            run(&x, chunk, Strategy::Auto)
+        });
         let forced = run(&x, chunk, Strategy::Reference);
         for (name, got) in [("auto", auto), ("reference", forced)] {
             assert_close(&format!("flex {name} Y {chunk}"), &got.y, &expected.y, tol);

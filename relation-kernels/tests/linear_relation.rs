@@ -4,11 +4,9 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput, naive_recurrent_linear_relation};
-use relation_kernels::{
-    Strategy, debug, fused_recurrent_linear_relation, launches, linear_relation_step,
-};
+use relation_kernels::{Strategy, debug, fused_recurrent_linear_relation, linear_relation_step};
 
-use crate::common::to_flex;
+use crate::common::{assert_path, to_flex};
 
 /// Inputs in f32 on Flex, rounded through `dtype`: `[p1, p2, info, log_alpha]`, the initial
 /// state, and the loss weights of `y` and of the final state.
@@ -92,17 +90,54 @@ fn check_case(
     gate: (f64, f64),
     with_state: bool,
 ) {
+    let case = LinearCase {
+        dims,
+        dtype,
+        seed,
+        gate,
+        with_state,
+        grads: true,
+    };
+    check_against_reference(device, "recurrent", &case, run);
+}
+
+/// One Linear Relation test case: the inputs' shape, dtype and seed, the range of the log
+/// gates, whether an initial state is given, and whether gradients are checked too.
+pub(crate) struct LinearCase {
+    pub dims: [usize; 4],
+    pub dtype: DType,
+    pub seed: u64,
+    pub gate: (f64, f64),
+    pub with_state: bool,
+    pub grads: bool,
+}
+
+/// A fused Linear Relation path (`run`, called with `Strategy::Fused`; `label` names it in the
+/// messages) against the token loop on Flex: `Y` and the final state, then (with `grads`) the
+/// gradients of `p1`, `p2`, `Ĩ`, the log gates and the initial state. Shared by the recurrent
+/// and the chunked tests.
+pub(crate) fn check_against_reference(
+    device: &Device,
+    label: &str,
+    k: &LinearCase,
+    run: impl Fn(&On, Strategy) -> LinearRelationOutput,
+) {
     debug::poison_outputs(true);
     let flex = Device::flex();
-    let what = format!("{dims:?} {dtype:?} gates {gate:?} state {with_state}");
-    let c = case(dims, seed, gate, with_state, dtype);
+    let (dims, dtype) = (k.dims, k.dtype);
+    let what = format!(
+        "{label} {dims:?} {dtype:?} gates {:?} state {}",
+        k.gate, k.with_state
+    );
+    let c = case(dims, k.seed, k.gate, k.with_state, dtype);
     let (fwd_tol, grad_tol) = (
         tolerance(dtype, Check::Forward),
         tolerance(dtype, Check::Gradient),
     );
 
-    let before = launches::linear_relation_forward();
-    let fused = run(&c.on(device, dtype, false), Strategy::Fused);
+    let fused = assert_path(&what, "fused", || {
+        run(&c.on(device, dtype, false), Strategy::Fused)
+    });
     let expected = reference(&c.on(&flex, DType::F32, false));
     assert_close(
         &format!("Y {what}"),
@@ -116,15 +151,15 @@ fn check_case(
         &expected.state,
         fwd_tol,
     );
-    assert!(
-        launches::linear_relation_forward() > before,
-        "{what}: the fused forward did not run"
-    );
+    if !k.grads {
+        return;
+    }
 
     let ad = device.clone().autodiff();
     let x = c.on(&ad, dtype, true);
-    let before = launches::linear_relation_backward();
-    let grads = c.loss(&run(&x, Strategy::Fused), &ad, dtype).backward();
+    // The fused forward registers the fused backward: one choice decides both.
+    let out = assert_path(&what, "fused", || run(&x, Strategy::Fused));
+    let grads = c.loss(&out, &ad, dtype).backward();
     let flex_ad = flex.clone().autodiff();
     let r = c.on(&flex_ad, DType::F32, true);
     let ref_grads = c.loss(&reference(&r), &flex_ad, DType::F32).backward();
@@ -146,10 +181,6 @@ fn check_case(
             grad_tol,
         );
     }
-    assert!(
-        launches::linear_relation_backward() > before,
-        "{what}: the fused backward did not run"
-    );
 }
 
 device_tests! {
@@ -249,12 +280,7 @@ fn linear_relation_auto_on_flex_runs_the_kernel() {
     let flex = Device::flex();
     let c = case([1, 20, 2, 48], 11, (-1.0, 0.0), true, DType::F32);
     let x = c.on(&flex, DType::F32, false);
-    let before = launches::linear_relation_forward();
-    let auto = run(&x, Strategy::Auto);
-    assert!(
-        launches::linear_relation_forward() > before,
-        "Auto on Flex did not run the Flex kernel"
-    );
+    let auto = assert_path("Auto on Flex", "fused", || run(&x, Strategy::Auto));
     let expected = reference(&x);
     let tol = tolerance(DType::F32, Check::Forward);
     assert_close("flex Y", &auto.y, &expected.y, tol);

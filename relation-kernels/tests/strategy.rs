@@ -38,3 +38,26 @@ fn flex_has_kernels_and_reference_stays_available() {
         KernelError::Invalid(RelationError::NonPositiveTau { tau: -1.0 })
     );
 }
+
+/// A float dtype the kernels do not take (here a quantized tensor): `Fused` is a typed error
+/// naming it, never a panic inside a kernel.
+#[test]
+fn a_dtype_without_kernels_is_a_typed_error() {
+    use burn::tensor::quantization::QuantScheme;
+    let flex = Device::flex();
+    let x =
+        uniform([1, 4, 2, 8], 1, 1.0, &flex, DType::F32).quantize_dynamic(&QuantScheme::default());
+    assert!(matches!(x.dtype(), DType::QFloat(_)), "{:?}", x.dtype());
+    let err = self_relation(x.clone(), x, DEFAULT_TAU, Strategy::Fused).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            KernelError::UnsupportedDtype {
+                op: "self_relation",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("QFloat"), "{err}");
+}

@@ -211,7 +211,7 @@ pub fn fused_recurrent_linear_relation(
     strategy: Strategy,
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
-    if strategy.use_fused("fused_recurrent_linear_relation", &p1.device())? {
+    if strategy.use_fused("fused_recurrent_linear_relation", &p1)? {
         fused(
             p1,
             p2,
@@ -257,7 +257,7 @@ pub fn linear_relation_step(
     strategy: Strategy,
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, Some(&state))?;
-    if strategy.use_fused("linear_relation_step", &p1.device())? {
+    if strategy.use_fused("linear_relation_step", &p1)? {
         fused(
             p1,
             p2,
@@ -318,7 +318,7 @@ pub fn chunk_linear_relation(
 ) -> Result<LinearRelationOutput> {
     LinearRelationMode::Chunked { chunk_size }.check()?;
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
-    if strategy.use_fused("chunk_linear_relation", &p1.device())? {
+    if strategy.use_fused("chunk_linear_relation", &p1)? {
         fused(
             p1,
             p2,

@@ -52,7 +52,7 @@ pub fn dense(
     strategy: Strategy,
 ) -> Result<Tensor<2>> {
     check_dense(&x, &w, layout)?;
-    if !strategy.use_fused_flex("dense", &x.device())? {
+    if !strategy.use_fused_flex("dense", &x)? {
         return Ok(naive_dense(x, w, layout)?);
     }
     #[cfg(feature = "flex")]
@@ -112,7 +112,7 @@ fn rope_at(
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
     check_rope(&x, base)?;
-    if !strategy.use_fused_flex("rope", &x.device())? {
+    if !strategy.use_fused_flex("rope", &x)? {
         return Ok(match positions {
             RopePositions::From(offset) => naive_rope(x, offset, base)?,
             RopePositions::Packed(segments) => naive_packed_rope(x, &segments, base)?,
@@ -153,7 +153,7 @@ pub fn rms_norm<const N: usize>(
     strategy: Strategy,
 ) -> Result<Tensor<N>> {
     check_rms_norm(&x, &gamma, eps)?;
-    if !strategy.use_fused_flex("rms_norm", &x.device())? {
+    if !strategy.use_fused_flex("rms_norm", &x)? {
         return Ok(naive_rms_norm(x, gamma, eps)?);
     }
     #[cfg(feature = "flex")]
@@ -186,7 +186,7 @@ pub fn swiglu<const N: usize>(
     strategy: Strategy,
 ) -> Result<Tensor<N>> {
     check_swiglu(&gate, &up)?;
-    if !strategy.use_fused_flex("swiglu", &gate.device())? {
+    if !strategy.use_fused_flex("swiglu", &gate)? {
         return Ok(naive_swiglu(gate, up)?);
     }
     #[cfg(feature = "flex")]
@@ -222,7 +222,7 @@ pub fn cross_entropy(
     targets: Tensor<1, Int>,
     strategy: Strategy,
 ) -> Result<Tensor<1>> {
-    if !strategy.use_fused_flex("cross_entropy", &logits.device())? {
+    if !strategy.use_fused_flex("cross_entropy", &logits)? {
         return Ok(naive_cross_entropy(logits, targets)?);
     }
     check_cross_entropy(&logits, &targets)?;

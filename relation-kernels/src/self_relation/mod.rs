@@ -35,7 +35,7 @@ pub fn self_relation(
     check::same_device("p2", &p2, &p1)?;
     check::same_dtype("p2", &p2, "p1", &p1)?;
     check::tau(tau)?;
-    if !strategy.use_fused("self_relation", &p1.device())? {
+    if !strategy.use_fused("self_relation", &p1)? {
         return Ok(naive_self_relation(p1, p2, tau)?);
     }
     let scale = (1.0 / (tau * (dims.head_dim as f64).sqrt())) as f32;

@@ -466,7 +466,7 @@ pub(crate) fn empty_like_dtype(like: &CubeTensor, shape: Shape, dtype: DType) ->
         like.client.empty(len * dtype.size()),
         dtype,
     );
-    if crate::debug::poisoning() && len > 0 {
+    if crate::poison::poisoning() && len > 0 {
         let cube_dim = CubeDim::new(&out.client, len);
         fill_kernel::launch(
             &out.client,

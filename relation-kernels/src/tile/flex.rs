@@ -20,7 +20,7 @@
 //! products are [`gemm`], a register-blocked SIMD kernel that reads both operands in place.
 //!
 //! Output buffers come from [`output`], which fills them with NaN while
-//! [`crate::debug::poison_outputs`] is on, so an element a kernel forgets to write fails the tests.
+//! [`crate::poison::poison_outputs`] is on, so an element a kernel forgets to write fails the tests.
 
 use std::borrow::Cow;
 
@@ -187,7 +187,7 @@ pub(crate) fn tensor(data: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
 
 /// An output buffer of `len` f32: zeros, or NaN while outputs are poisoned (tests).
 pub(crate) fn output(len: usize) -> Vec<f32> {
-    let fill = if crate::debug::poisoning() {
+    let fill = if crate::poison::poisoning() {
         f32::NAN
     } else {
         0.0
@@ -655,7 +655,7 @@ pub(crate) fn product(
     if a.ncols() == 0 {
         return vec![0.0; len]; // an empty sum (the entry points refuse K = 0 anyway)
     }
-    let mut y = if crate::debug::poisoning() {
+    let mut y = if crate::poison::poisoning() {
         output(len)
     } else {
         Vec::with_capacity(len)
