@@ -61,7 +61,7 @@ fn checked(
     }
     // Flex and CubeCL kernels both take packed rows: a sequence table (the B rows, or the
     // segments) is what they iterate over.
-    let fused = strategy.use_fused("flash_relation", &p1)?;
+    let fused = strategy.use_fused("flash_relation", p1)?;
     if fused && dims.head_dim > MAX_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
             op: "flash_relation",
