@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::data_err;
 use crate::Result;
-use crate::config::{DataSpec, SplitMode};
+use crate::config::{DataSpec, MIN_UNITS, SplitMode};
 use crate::error::io;
 
 /// The shipped default corpus (Moby Dick, public domain; see `relation-train/data/README.md`).
@@ -14,10 +14,6 @@ pub const DEFAULT_CORPUS: &str = include_str!("../../data/moby_dick.txt");
 
 /// Name of the default corpus in messages.
 pub const DEFAULT_CORPUS_NAME: &str = "moby_dick.txt (shipped)";
-
-/// Below this many documents the split works on paragraph groups instead (and
-/// [`Packing::Auto`](crate::config::Packing::Auto) lays windows out as one sequence).
-pub const MIN_UNITS: usize = 64;
 
 /// Paragraph groups: at most this many bytes each, and small enough for about
 /// [`TARGET_GROUPS`] groups, but at least [`MIN_GROUP_BYTES`].

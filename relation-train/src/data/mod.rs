@@ -28,9 +28,10 @@ mod batcher;
 mod corpus;
 mod tokenizer;
 
+pub use crate::config::MIN_UNITS;
 pub use batcher::{Batcher, DataPosition, document_segments, eval_windows};
 pub use corpus::{
-    DEFAULT_CORPUS, DEFAULT_CORPUS_NAME, Document, MIN_UNITS, fnv1a, is_validation, read_documents,
+    DEFAULT_CORPUS, DEFAULT_CORPUS_NAME, Document, fnv1a, is_validation, read_documents,
     split_units,
 };
 pub use tokenizer::{
