@@ -9,7 +9,7 @@ use burn::tensor::{DType, Device};
 /// The flags every benchmark takes (`#[command(flatten)]` into its own `clap::Parser`).
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Device: flex (the CPU), wgpu, vulkan, metal, cuda[:i], rocm[:i], cpu (CubeCL's CPU
+    /// Device: flex (the CPU), wgpu, vulkan, metal, cuda:N, rocm:N, cpu (CubeCL's CPU
     /// runtime), ndarray; the backend's cargo feature must be on.
     #[arg(long, default_value = "flex")]
     pub device: String,

@@ -107,7 +107,7 @@ impl WeightLayout {
 ///
 /// # Errors
 /// [`RelationError::EmptyDimension`], [`RelationError::ShapeMismatch`] when `w`'s input dimension
-/// is not `K`, [`RelationError::DeviceMismatch`], [`RelationError::DtypeMismatch`].
+/// is not `K`, [`RelationError::DeviceMismatch`], [`RelationError::DTypeMismatch`].
 pub fn naive_dense(x: Tensor<2>, w: Tensor<2>, layout: WeightLayout) -> Result<Tensor<2>> {
     check_dense(&x, &w, layout)?;
     Ok(match layout {

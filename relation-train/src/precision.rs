@@ -1,7 +1,7 @@
 //! Mixed precision: f32 master weights, the forward and backward passes in f16 or bf16, and
 //! dynamic loss scaling for f16.
 //!
-//! Each step casts the master model once ([`RelationLm::cast_params`]); the casts are operations
+//! Each step casts the master model once ([`RelationLm::cast_params`](relation_model::RelationLm::cast_params)); the casts are operations
 //! of the autodiff graph, so the gradients arrive on the f32 masters in f32 and the optimizer,
 //! its state, the checkpoints and the evaluation stay in f32. Only the activations and their
 //! gradients are half precision — and f16's activation gradients underflow below `6e-8`, so

@@ -25,7 +25,7 @@ pub struct ExportArgs {
     /// What to write.
     #[arg(long, value_enum, default_value_t = ExportFormat::Safetensors)]
     pub format: ExportFormat,
-    /// The weights file (default: <run-dir>/export/model.safetensors); model.json and
+    /// The weights file (default: RUN_DIR/export/model.safetensors); model.json and
     /// tokenizer.json are written into the same folder.
     #[arg(long, value_name = "FILE")]
     pub out: Option<PathBuf>,

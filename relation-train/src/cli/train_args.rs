@@ -16,7 +16,7 @@ use crate::train::OnNan;
 #[command(allow_negative_numbers = true)]
 pub struct TrainArgs {
     /// Run directory: config.json, model.json, tokenizer.json, checkpoints/, metrics.csv,
-    /// metrics.jsonl, loss.png, lock. Default: runs/<preset>-<unix seconds>. It becomes a run
+    /// metrics.jsonl, loss.png, lock. Default: runs/PRESET-UNIX_SECONDS. It becomes a run
     /// with its first checkpoint; a run is continued with --resume or discarded with
     /// --overwrite, never overwritten silently.
     #[arg(long, value_name = "DIR")]
