@@ -15,6 +15,8 @@ pub mod config;
 pub mod error;
 pub mod generate;
 pub mod layers;
+#[cfg(feature = "burn-train")]
+pub mod learner;
 pub mod model;
 
 pub use cache::{LayerCache, LmCache};
@@ -27,5 +29,7 @@ pub use layers::{
     MultiHeadRelationConfig, RealFormerAttention, RealFormerAttentionConfig, RelationProjection,
     RelationProjectionConfig, Retention, RetentionConfig,
 };
+#[cfg(feature = "burn-train")]
+pub use learner::{LmBatch, LmBatcher};
 pub use model::{Block, Mixer, RelationLm};
 pub use relation_kernels::LinearRelationMode;

@@ -9,6 +9,8 @@ use relation_model::{RelationLm, RelationLmConfig};
 mod config;
 mod decoding;
 mod layers;
+#[cfg(feature = "burn-train")]
+mod learner;
 mod packed;
 mod weights;
 
