@@ -25,6 +25,9 @@ fn init_tracing() {
         Ok(filter) => tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
+            // Plain text even when another crate of the build (burn-train) turns on
+            // tracing-subscriber's `ansi` feature: logs are read by programs and files too.
+            .with_ansi(false)
             .init(),
         Err(e) => eprintln!("warning: RUST_LOG ignored ({e})"),
     }

@@ -65,13 +65,8 @@ use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashParams};
 use crate::tile::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
-    sequences,
+    sequences, sigmoid,
 };
-
-#[cube]
-pub(super) fn sigmoid(x: f32) -> f32 {
-    1.0f32 / (1.0f32 + (-x).exp())
-}
 
 #[cube(launch)]
 fn flash_relation_fwd_kernel<F: Float>(

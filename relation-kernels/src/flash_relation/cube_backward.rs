@@ -7,13 +7,12 @@ use burn::tensor::{DType, Shape, Slice};
 use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::cube::sigmoid;
 use super::{STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_rows, load_seq_rows,
-    local_positions, seq_tile, sequences,
+    local_positions, seq_tile, sequences, sigmoid,
 };
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`

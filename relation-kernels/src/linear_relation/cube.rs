@@ -6,7 +6,7 @@ use burn::backend::ops::FloatTensorOps;
 use burn::tensor::{Shape, Slice};
 use burn_cubecl::{CubeBackend, tensor::CubeTensor};
 
-use super::{cube_chunk, cube_recurrent};
+use super::{cube_chunk, cube_chunk_backward, cube_recurrent};
 use crate::LinearRelationMode;
 use crate::ops::{LinearArgs, LinearGrads};
 
@@ -42,8 +42,15 @@ pub(crate) fn backward(
         LinearRelationMode::Chunked { chunk_size } => {
             let dims = q.meta.shape().clone();
             let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
-            let (dqk, dv, dh0) =
-                cube_chunk::backward(q.clone(), k.clone(), v, g, h0, d_out.clone(), chunk_size);
+            let (dqk, dv, dh0) = cube_chunk_backward::backward(
+                q.clone(),
+                k.clone(),
+                v,
+                g,
+                h0,
+                d_out.clone(),
+                chunk_size,
+            );
             // dqk is [2, B, T, H, D]: dq then dk.
             let half = |i: usize| {
                 let ranges = [i..i + 1, 0..b, 0..t, 0..h, 0..d].map(Slice::from);

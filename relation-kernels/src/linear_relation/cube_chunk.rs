@@ -124,7 +124,6 @@ use cubecl::{client::Client, prelude::*};
 
 use crate::launches;
 
-pub(crate) use super::cube_chunk_backward::backward;
 use crate::tile::cube::{
     HeadOf, column_units, empty_like, empty_like_dtype, head_of, load_lanes, store_lanes,
 };

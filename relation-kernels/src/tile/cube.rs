@@ -70,6 +70,13 @@ fn prev_power_of_two(x: usize) -> usize {
     }
 }
 
+/// `1 / (1 + e^{-x})` in f32 (the Self relation and the Exchange share of the FlashRelation
+/// kernels).
+#[cube]
+pub(crate) fn sigmoid(x: f32) -> f32 {
+    1.0f32 / (1.0f32 + (-x).exp())
+}
+
 #[cube(launch)]
 fn fill_kernel<F: Float>(out: &mut Tensor<F>, value: f32, #[define(F)] _dtype: ElemType) {
     if ABSOLUTE_POS < out.len() {
