@@ -37,6 +37,20 @@ pub struct Row {
     pub val_ppl: Option<f64>,
     /// Validation bits per UTF-8 byte of text.
     pub val_bpb: Option<f64>,
+    /// The process's peak resident memory so far, MiB ([`peak_rss_mib`]; `None` where the
+    /// system does not report it, and in rows written before the metric existed).
+    #[serde(default)]
+    pub peak_rss_mib: Option<f64>,
+}
+
+/// The peak resident set size of this process so far, in MiB: the kernel's high-water mark
+/// (`VmHWM` of `/proc/self/status`), which counts every page the process ever held at once —
+/// model, optimizer state, activations, allocator caches. `None` off Linux.
+pub fn peak_rss_mib() -> Option<f64> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
 }
 
 /// JSON has no NaN: serde_json writes a non-finite number as `null`, read back here as NaN.
@@ -45,12 +59,12 @@ fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f6
 }
 
 const CSV_HEADER: &str =
-    "step,tokens,lr,loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_bpb";
+    "step,tokens,lr,loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_bpb,peak_rss_mib";
 
 fn csv_line(r: &Row) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
     format!(
-        "{},{},{},{},{},{:.1},{:.3},{},{},{}",
+        "{},{},{},{},{},{:.1},{:.3},{},{},{},{}",
         r.step,
         r.tokens,
         r.lr,
@@ -60,7 +74,8 @@ fn csv_line(r: &Row) -> String {
         r.elapsed_s,
         opt(r.val_loss),
         opt(r.val_ppl),
-        opt(r.val_bpb)
+        opt(r.val_bpb),
+        r.peak_rss_mib.map_or(String::new(), |v| format!("{v:.1}"))
     )
 }
 

@@ -265,6 +265,9 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         config.device_names().join(" + "),
         summary.params as f64 / 1e6
     );
+    if let Some(mib) = summary.peak_rss_mib {
+        println!("peak resident memory: {mib:.0} MiB");
+    }
     if let Some(v) = summary.validation {
         let reference = if config.data.sources.is_empty() {
             format!(" (xz -9e: {XZ_BITS_PER_BYTE_MOBY} bits/byte)")

@@ -36,10 +36,13 @@ impl Trainer<'_> {
             val_loss: None,
             val_ppl: None,
             val_bpb: None,
+            peak_rss_mib: None,
         };
         if step.is_multiple_of(t.eval_every) || step == t.steps {
             self.evaluate(model, &mut row)?;
         }
+        // After the evaluation, so that its activations count too.
+        row.peak_rss_mib = crate::metrics::peak_rss_mib();
         if step.is_multiple_of(self.run.t.log_every) || step == self.end {
             self.say(&format!(
                 "step {step:>6} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tok/s | {} tokens",

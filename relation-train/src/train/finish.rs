@@ -40,6 +40,7 @@ impl Trainer<'_> {
             sample,
             checkpoint: p.checkpoint_dir,
             params: self.params,
+            peak_rss_mib: crate::metrics::peak_rss_mib(),
         })
     }
 }

@@ -121,6 +121,8 @@ pub struct TrainSummary {
     pub checkpoint: PathBuf,
     /// Trainable parameters.
     pub params: usize,
+    /// The process's peak resident memory, MiB (`None` where the system does not report it).
+    pub peak_rss_mib: Option<f64>,
 }
 
 /// Upper bound of a bits-per-byte figure worth beating on the shipped corpus.

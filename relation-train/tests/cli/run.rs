@@ -52,7 +52,16 @@ fn train_stop_resume_eval_generate() {
         assert!(f(row, "loss").unwrap().is_finite());
         assert!(f(row, "grad_norm").unwrap() > 0.0);
         assert_eq!(row["val_loss"].is_null(), (i + 1) % 4 != 0);
+        // The peak resident memory, as Linux reports it: never below the model it holds.
+        #[cfg(target_os = "linux")]
+        assert!(f(row, "peak_rss_mib").unwrap() > 1.0, "{row}");
     }
+    #[cfg(target_os = "linux")]
+    assert!(out.contains("peak resident memory: "), "{out}");
+    assert!(
+        csv.lines().next().unwrap().ends_with(",peak_rss_mib"),
+        "{csv}"
+    );
     // It learns: the last loss is below the first (ln 300 = 5.70 at the start).
     let first = f(&rows_a[0], "loss").unwrap();
     let last = f(&rows_a[7], "loss").unwrap();
