@@ -228,6 +228,10 @@ pub struct TrainingFlags {
     /// or bf16 (f32 master weights); the device must have the type.
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
+    /// Burn's gradient checkpointing: recompute memory-bound operations in the backward pass
+    /// instead of storing their outputs (less memory, the same gradients).
+    #[arg(long)]
+    pub activation_checkpointing: bool,
 }
 
 /// Copies each given flag into its config field (the flag names document the mapping).
@@ -314,6 +318,7 @@ impl TrainingFlags {
             "--log-every": self.log_every => t.log_every,
             "--sample-tokens": self.sample_tokens => t.sample_tokens,
             "--precision": self.precision => t.precision,
+            "--activation-checkpointing": self.activation_checkpointing.then_some(true) => t.activation_checkpointing,
         );
     }
 }

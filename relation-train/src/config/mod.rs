@@ -241,6 +241,11 @@ pub struct TrainSpec {
     /// The dtype of the forward and backward passes: `f32`, or `f16` / `bf16` with f32 master
     /// weights (and dynamic loss scaling for f16); see [`crate::precision`].
     pub precision: Precision,
+    /// Burn's gradient checkpointing (`Device::gradient_checkpointing`, the balanced strategy):
+    /// the autodiff graph keeps the outputs of compute-bound operations and recomputes the
+    /// memory-bound ones (element-wise chains) in the backward pass instead of storing them.
+    /// Less memory, the same gradients, some recomputation.
+    pub activation_checkpointing: bool,
 }
 
 impl Default for TrainSpec {
@@ -267,6 +272,7 @@ impl Default for TrainSpec {
             log_every: 10,
             sample_tokens: 120,
             precision: Precision::F32,
+            activation_checkpointing: false,
         }
     }
 }
@@ -515,6 +521,7 @@ pub const FREE_CHANGES: &[&str] = &[
     "train.keep_checkpoints",
     "train.log_every",
     "train.sample_tokens",
+    "train.activation_checkpointing",
 ];
 
 /// Settings a resume may change to recover a run (a lower learning rate after a divergence,

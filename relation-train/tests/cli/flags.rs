@@ -207,3 +207,28 @@ fn tokens_per_step_not_a_whole_number_of_micro_batches_is_refused() {
         assert!(!run.join("config.json").exists(), "{err}");
     }
 }
+
+/// `--activation-checkpointing` (Burn's balanced gradient checkpointing) recomputes instead of
+/// storing: the same losses and gradient norms, bit for bit, for Relation and Linear Relation
+/// layers.
+#[test]
+fn activation_checkpointing_gives_the_same_steps() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cache = tmp.path().join("cache");
+    let corpus = corpus(tmp.path());
+    let run = |name: &str, extra: &[&str]| {
+        let dir = tmp.path().join(name);
+        let mut args = with(tiny_args(&dir, &cache, &corpus), "--steps", "4");
+        args = with(args, "--pattern", "LF");
+        args.extend(extra.iter().map(|s| s.to_string()));
+        ok(&args);
+        rows(&dir)
+    };
+    let plain = run("plain", &[]);
+    let checkpointed = run("checkpointed", &["--activation-checkpointing"]);
+    for (a, b) in plain.iter().zip(&checkpointed) {
+        for key in ["loss", "grad_norm", "val_loss"] {
+            assert_eq!(a[key], b[key], "{key} at step {}", a["step"]);
+        }
+    }
+}
