@@ -107,9 +107,10 @@ impl<'a> Run<'a> {
         let packing = config.data.packing.resolve(corpus.documents);
         if packing != config.data.packing {
             log(format!(
-                "data: packing {} ({} documents{})",
+                "data: packing {} ({} document{}{})",
                 packing.name(),
                 corpus.documents,
+                if corpus.documents == 1 { "" } else { "s" },
                 match packing {
                     Packing::Documents => ": each row's documents are computed apart",
                     _ => ", cut into paragraph groups: each window is one sequence",
