@@ -335,8 +335,8 @@ fn relation_rows(
     check::same_dtype("info", &info, "p1", &p1)?;
     let offset = t - n;
     let device = p1.device();
-    let keys_of_rows = p2.clone().narrow(1, offset, n); // p2_i of the query rows
-    let u = heads_first(p1.clone()).matmul(heads_first(p2).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
+    let u =
+        heads_first(p1.clone()).matmul(heads_first(p2.clone()).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
 
     // Absolute positions: query row r is i = offset + r, key column is j.
     let rows = Tensor::<1, Int>::arange(offset as i64..t as i64, &device).reshape([1, 1, n, 1]);
@@ -347,8 +347,8 @@ fn relation_rows(
     let diagonal = cols.clone().equal(rows); // j == i
     let relation = match transport {
         Transport::SelfExchange { lambda, tau_s } => {
-            // Self of the query rows: p1_i · p2_i.
-            let s = naive_self_relation(p1, keys_of_rows, tau_s)?; // [B, n, H]
+            // Self of the query rows: p1_i · p2_i, with p2_i the last n keys.
+            let s = naive_self_relation(p1, p2.narrow(1, offset, n), tau_s)?; // [B, n, H]
             let s = s.swap_dims(1, 2).reshape([b, h, n, 1]); // [B, H, n, 1]
             let log_i = Tensor::<1, Int>::arange(offset as i64 + 1..t as i64 + 1, &device)
                 .float()

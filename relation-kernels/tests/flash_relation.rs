@@ -1,8 +1,8 @@
 //! FlashRelation's fused kernels (Flex and `Device::wgpu`) against the `relation-core` references on
 //! Flex: forward, statistics and every gradient, over awkward shapes, in f32 and f16.
 
-use burn::tensor::{DType, Device, Tensor, TensorData};
-use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use burn::tensor::{DType, Device, Gradients, Tensor, TensorData};
+use relation_core::testing::{Check, Tol, assert_close, tolerance, uniform};
 use relation_core::{
     DEFAULT_TAU, naive_exchange_only_relation, naive_factorized_relation, naive_parallel_relation,
 };
@@ -60,6 +60,28 @@ impl Case {
             lambda: if grad { lambda.require_grad() } else { lambda },
             weights: Tensor::from_data(self.weights.clone(), (device, dtype)),
         }
+    }
+}
+
+/// The gradients of `p1`, `p2` and `Ĩ` in the kernel's graph against the reference's (f32, on
+/// Flex), within `tol`.
+fn assert_input_grads(
+    what: &str,
+    (x, grads): (&On, &Gradients),
+    (r, want): (&On, &Gradients),
+    tol: Tol,
+) {
+    for (name, got, expected) in [
+        ("dp1", x.p1.grad(grads), r.p1.grad(want)),
+        ("dp2", x.p2.grad(grads), r.p2.grad(want)),
+        ("dI", x.info.grad(grads), r.info.grad(want)),
+    ] {
+        assert_close(
+            &format!("{name} {what}"),
+            &to_flex(got.unwrap()),
+            &expected.unwrap(),
+            tol,
+        );
     }
 }
 
@@ -121,7 +143,7 @@ fn check_case(device: &Device, dims: [usize; 4], dtype: DType, seed: u64, scale:
         )
         .unwrap()
     });
-    let grads = (y * x.weights).sum().backward();
+    let grads = (y * x.weights.clone()).sum().backward();
     let r = c.on(&flex.clone().autodiff(), DType::F32, true);
     let y = naive_parallel_relation(
         r.p1.clone(),
@@ -131,19 +153,8 @@ fn check_case(device: &Device, dims: [usize; 4], dtype: DType, seed: u64, scale:
         DEFAULT_TAU,
     )
     .unwrap();
-    let ref_grads = (y * r.weights).sum().backward();
-    for (name, got, want) in [
-        ("dp1", x.p1.grad(&grads), r.p1.grad(&ref_grads)),
-        ("dp2", x.p2.grad(&grads), r.p2.grad(&ref_grads)),
-        ("dI", x.info.grad(&grads), r.info.grad(&ref_grads)),
-    ] {
-        assert_close(
-            &format!("{name} {what}"),
-            &to_flex(got.unwrap()),
-            &want.unwrap(),
-            grad_tol,
-        );
-    }
+    let ref_grads = (y * r.weights.clone()).sum().backward();
+    assert_input_grads(&what, (&x, &grads), (&r, &ref_grads), grad_tol);
     let dlambda = to_flex(x.lambda.grad(&grads).unwrap());
     assert_close(
         &format!("dlambda {what}"),
@@ -175,10 +186,10 @@ fn check_exchange_only(device: &Device, dims: [usize; 4], dtype: DType, seed: u6
         )
         .unwrap()
     });
-    let grads = (y.clone() * x.weights).sum().backward();
+    let grads = (y.clone() * x.weights.clone()).sum().backward();
     let r = c.on(&flex.clone().autodiff(), DType::F32, true);
     let want = naive_exchange_only_relation(r.p1.clone(), r.p2.clone(), r.info.clone()).unwrap();
-    let ref_grads = (want.clone() * r.weights).sum().backward();
+    let ref_grads = (want.clone() * r.weights.clone()).sum().backward();
     assert_close(&format!("Y {what}"), &to_flex(y.clone()), &want, fwd_tol);
     // Row 1 has no history: its own information, exactly.
     assert_eq!(
@@ -186,18 +197,7 @@ fn check_exchange_only(device: &Device, dims: [usize; 4], dtype: DType, seed: u6
         to_flex(x.info.clone().narrow(1, 0, 1)).into_data(),
         "first row, {what}"
     );
-    for (name, got, want) in [
-        ("dp1", x.p1.grad(&grads), r.p1.grad(&ref_grads)),
-        ("dp2", x.p2.grad(&grads), r.p2.grad(&ref_grads)),
-        ("dI", x.info.grad(&grads), r.info.grad(&ref_grads)),
-    ] {
-        assert_close(
-            &format!("{name} {what}"),
-            &to_flex(got.unwrap()),
-            &want.unwrap(),
-            grad_tol,
-        );
-    }
+    assert_input_grads(&what, (&x, &grads), (&r, &ref_grads), grad_tol);
     // Packed: every row of the batch as one segment of a packed row, each alone.
     let [b, t, h, d] = dims;
     let x = c.on(device, dtype, false);

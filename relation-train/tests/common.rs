@@ -144,3 +144,27 @@ pub fn resume_args(run: &Path) -> Vec<String> {
         "--no-progress".into(),
     ]
 }
+
+/// `relation eval --run-dir RUN --eval-tokens 256` plus `extra`: its output and the loss it
+/// printed (nats per token).
+pub fn eval_loss(run: &Path, extra: &[&str]) -> (String, f64) {
+    let mut args: Vec<String> = [
+        "eval",
+        "--run-dir",
+        run.to_str().unwrap(),
+        "--eval-tokens",
+        "256",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = ok(&args);
+    let loss = out
+        .split("loss ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no loss in:\n{out}"));
+    (out, loss)
+}

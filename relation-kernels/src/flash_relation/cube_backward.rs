@@ -12,7 +12,7 @@ use crate::launches;
 use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_rows, load_seq_rows,
-    local_positions, seq_tile, sequences, sigmoid,
+    seq_tile, sequences, sigmoid,
 };
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
@@ -26,23 +26,25 @@ const ROW_D: usize = 4;
 const ROW_DA_LOG_I: usize = 5;
 
 /// Per row: `dA = (dY · (Ī - Ĩ)) g (1 - g)`, `D = g dY · Ī`, `dA log i`; copies `L, S, g`.
+/// On the grid of the other kernels (one cube per tile of one sequence and head, one unit per
+/// row), so that `i` is the row's place in its own sequence.
 #[cube(launch)]
 fn flash_relation_prepass_kernel<F: Float>(
     info: &Tensor<F>,
     ibar: &Tensor<F>,
     dy: &Tensor<F>,
     stats: &Tensor<f32>,
-    positions: &Tensor<u32>,
     rows: &mut Tensor<f32>,
+    tiles: &Tensor<u32>,
     #[comptime] head_dim: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    // Row r = token * H + h; `positions` holds each token's place in its own sequence.
-    let r = ABSOLUTE_POS;
-    let heads = info.shape(2);
-    if r < positions.len() * heads {
-        let t = usize::cast_from(positions[r / heads]);
-        let base = r * head_dim;
+    let at = seq_tile::<F>(info, tiles, head_dim);
+    let i = at.first + UNIT_POS_X as usize; // local to the sequence
+    if i < at.seq {
+        // Row r = token * H + h of the per-row tensors.
+        let r = at.rows_base + i * at.heads;
+        let base = at.base + i * at.row_stride;
         let g = stats[r * STATS + stat::SHARE];
         let mut dg = f32::new(0.0);
         let mut dd = f32::new(0.0);
@@ -59,7 +61,7 @@ fn flash_relation_prepass_kernel<F: Float>(
         rows[r * ROWS + stat::SHARE] = g;
         rows[r * ROWS + ROW_DA] = da;
         rows[r * ROWS + ROW_D] = g * dd;
-        rows[r * ROWS + ROW_DA_LOG_I] = da * f32::cast_from(t + 1).ln();
+        rows[r * ROWS + ROW_DA_LOG_I] = da * f32::cast_from(i + 1).ln();
     }
 }
 
@@ -321,27 +323,25 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
     let dtype = dtype_to_storage_type(p1.dtype);
     let tiling = Tiling::new(&client, d, 2);
 
-    let sequences = sequences(segments.as_ref(), b, t);
+    // One cube per (tile of block_q rows of one sequence, head) for all three kernels: query
+    // tiles for the prepass and dp1, key tiles for dp2 and dĨ.
+    let tiles = SequenceTiles::new(&p1, &sequences(segments.as_ref(), b, t), tiling.block_q, h);
+    let cube_dim = CubeDim::new_1d(tiling.block_q as u32);
     let rows = empty_like_dtype(&p1, Shape::new([b, t, h, ROWS]), DType::F32);
-    let n_rows = b * t * h;
-    let cube_dim = CubeDim::new(&client, n_rows);
     flash_relation_prepass_kernel::launch(
         &client,
-        cubecl::calculate_cube_count_elemwise(&client, n_rows, cube_dim),
+        tiles.count.clone(),
         cube_dim,
         info.clone().into_tensor_arg(),
         ibar.into_tensor_arg(),
         dy.clone().into_tensor_arg(),
         stats.into_tensor_arg(),
-        local_positions(&p1, &sequences).into_tensor_arg(),
         rows.clone().into_tensor_arg(),
+        tiles.table.clone().into_tensor_arg(),
         d,
         dtype,
     );
 
-    // Query tiles (dp1) and key tiles (dp2, dĨ) of block_q rows: the same table serves both.
-    let tiles = SequenceTiles::new(&p1, &sequences, tiling.block_q, h);
-    let cube_dim = CubeDim::new_1d(tiling.block_q as u32);
     let dp1 = empty_like(&p1, dims.clone());
     flash_relation_dq_kernel::launch(
         &client,

@@ -122,13 +122,7 @@ pub fn flash_exchange_only(
         });
     }
     c.params.exchange_only = true;
-    Ok(Tensor::from_dispatch(Dispatch::flash_relation(
-        p1.into_dispatch(),
-        p2.into_dispatch(),
-        info.into_dispatch(),
-        lambda.detach().into_dispatch(),
-        c.params,
-    )))
+    Ok(fused(p1, p2, info, lambda.detach(), c.params))
 }
 
 /// Self-Exchange Relation with the fused FlashRelation kernel where available.
@@ -210,13 +204,24 @@ fn relation(
             Some(segments) => naive_packed_relation(p1, p2, info, lambda, tau, segments)?,
         });
     }
-    Ok(Tensor::from_dispatch(Dispatch::flash_relation(
+    Ok(fused(p1, p2, info, lambda, c.params))
+}
+
+/// The fused FlashRelation (differentiable under autodiff) with checked parameters.
+fn fused(
+    p1: Tensor<4>,
+    p2: Tensor<4>,
+    info: Tensor<4>,
+    lambda: Tensor<1>,
+    params: FlashParams,
+) -> Tensor<4> {
+    Tensor::from_dispatch(Dispatch::flash_relation(
         p1.into_dispatch(),
         p2.into_dispatch(),
         info.into_dispatch(),
         lambda.into_dispatch(),
-        c.params,
-    )))
+        params,
+    ))
 }
 
 /// [`flash_relation`] that also returns the per-row statistics `(S, L, A, g)`, exactly as

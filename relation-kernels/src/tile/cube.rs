@@ -348,23 +348,6 @@ pub(crate) fn sequences(
     }
 }
 
-/// Each token's position in its own sequence, as a `u32` tensor `[tokens]` on `like`'s device.
-pub(crate) fn local_positions(like: &CubeTensor, sequences: &[(usize, usize)]) -> CubeTensor {
-    let positions: Vec<u8> = sequences
-        .iter()
-        .flat_map(|&(_, len)| 0..len)
-        .flat_map(|i| (i as u32).to_le_bytes())
-        .collect();
-    let tokens = positions.len() / 4;
-    CubeTensor::new_contiguous(
-        like.client.clone(),
-        like.device.clone(),
-        Shape::new([tokens]),
-        like.client.create_from_slice(&positions),
-        DType::U32,
-    )
-}
-
 /// Loads rows `first..first + rows` of `(b, h)`'s output part of a bundled `[B, H, T + D, D]`
 /// tensor (the output, or its gradient) into `tile`, zero past `T`.
 #[cube]

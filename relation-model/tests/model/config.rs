@@ -177,7 +177,7 @@ fn ablation_switches_do_what_they_say() {
     let raw_logits = model(&tiny("F", 2).with_info_projection(false), &device)
         .forward(x.clone())
         .unwrap();
-    assert!((base.clone() - raw_logits).abs().max().into_scalar::<f64>() > 1e-6);
+    assert!((base - raw_logits).abs().max().into_scalar::<f64>() > 1e-6);
 
     // Exchange-only: the same parameters, lambda without effect (zero gradient), tau without
     // effect on the logits, other logits than the Self-Exchange Relation.
@@ -201,7 +201,15 @@ fn ablation_switches_do_what_they_say() {
     }
     let b = hot.forward(x.clone()).unwrap();
     assert_eq!(a.to_data(), b.to_data(), "tau has no effect without Self");
-    assert!((base - a).abs().max().into_scalar::<f64>() > 1e-6);
+    // The same weights with the Self term back: other logits.
+    let mut with_self = lm.clone();
+    for block in &mut with_self.blocks {
+        if let Mixer::Full(layer) = &mut block.mixer {
+            layer.exchange_only = false;
+        }
+    }
+    let self_exchange = with_self.forward(x.clone()).unwrap();
+    assert!((self_exchange - a).abs().max().into_scalar::<f64>() > 1e-6);
 
     // (A model.json written before the switches existed loads with both off: the old JSON of
     // `linear_mode_is_a_config_switch` equals the default configuration.)

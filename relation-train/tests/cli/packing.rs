@@ -66,20 +66,8 @@ fn packed_documents_by_default_resume_bit_exactly_and_evaluate_in_their_layout()
     );
 
     // `eval` uses the run's layout, so it reproduces the logged validation loss.
-    let out = ok(&[
-        "eval".into(),
-        "--run-dir".into(),
-        a.to_str().unwrap().into(),
-        "--eval-tokens".into(),
-        "256".into(),
-    ]);
     let logged = rows_a[7]["val_loss"].as_f64().unwrap();
-    let printed: f64 = out
-        .split("loss ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no loss in:\n{out}"));
+    let (out, printed) = eval_loss(&a, &[]);
     assert!(
         (printed - logged).abs() < 1e-3,
         "eval {printed} vs logged {logged}"
@@ -88,15 +76,7 @@ fn packed_documents_by_default_resume_bit_exactly_and_evaluate_in_their_layout()
     assert!(out.contains("(documents rows)"), "{out}");
     // Asked for the other layout, it scores the same tokens with context across documents
     // (the library test `packed_evaluation_scores_each_document_alone` shows the difference).
-    let out = ok(&[
-        "eval".into(),
-        "--run-dir".into(),
-        a.to_str().unwrap().into(),
-        "--eval-tokens".into(),
-        "256".into(),
-        "--packing".into(),
-        "windows".into(),
-    ]);
+    let (out, _) = eval_loss(&a, &["--packing", "windows"]);
     assert!(out.contains("(windows rows): 256 tokens"), "{out}");
 
     // Windows over the same data: same tokens and order, other attention pattern, other losses.

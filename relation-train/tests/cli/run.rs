@@ -123,20 +123,8 @@ fn train_stop_resume_eval_generate() {
 
     // Eval of the final checkpoint on the same validation tokens reproduces the logged loss.
     let run = a.to_str().unwrap().to_string();
-    let out = ok(&[
-        "eval".into(),
-        "--run-dir".into(),
-        run.clone(),
-        "--eval-tokens".into(),
-        "256".into(),
-    ]);
     let logged = f(&rows_a[7], "val_loss").unwrap();
-    let printed: f64 = out
-        .split("loss ")
-        .nth(1)
-        .and_then(|s| s.split_whitespace().next())
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("no loss in:\n{out}"));
+    let (_, printed) = eval_loss(&a, &[]);
     assert!(
         (printed - logged).abs() < 1e-3,
         "eval {printed} vs logged {logged}"
