@@ -87,26 +87,28 @@ pub trait RelationOps: Backend {
     );
 
     /// Linear Relation over prepared vectors (`q = S p̂1`, `k = S p̂2`, `v = Ĩ`, `g = log alpha`,
-    /// initial state `h0`), differentiable, by the kernels `mode` names (token by token, or
-    /// chunked with its chunk size).
+    /// initial states `h0`), differentiable, by the kernels `params.mode` names (token by token,
+    /// or chunked with its chunk size), over the `N` sequences of the call: the `B` rows, or the
+    /// segments of one packed row, each from its own initial state.
     ///
     /// # Shapes
-    /// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`
-    /// - output: `[B, H, T + D, D]`, rows `0..T` are `y` (heads first), rows `T..` the final state
-    #[fusion(dtype = q, shape = bundled_shape(q))]
+    /// - `q`, `k`, `v`, `g`: `[B, T, H, D]` (packed: `[1, total, H, D]`); `h0`: `[N, H, D, D]`
+    /// - output: `[B, H, T + n D, D]` with `n` sequences per row (1 unpacked, `N` packed): rows
+    ///   `0..T` are `y` (heads first), then the final state of each of the row's sequences
+    #[fusion(meta = |q, _k, _v, _g, _h0, params| bundled_spec(q, params))]
     fn linear_relation(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
         v: FloatTensor<Self>,
         g: FloatTensor<Self>,
         h0: FloatTensor<Self>,
-        mode: LinearRelationMode,
+        params: LinearParams,
     ) -> FloatTensor<Self>;
 
     /// Linear Relation backward: `(dq, dk, dv, dg, dh0)` from the forward output and its
-    /// gradient, by the backward kernels of `mode`.
+    /// gradient, by the backward kernels of `params.mode`.
     #[allow(clippy::too_many_arguments)]
-    #[fusion(meta = |q, k, v, g, h0, _out, _d_out, _mode| (q.clone(), k.clone(), v.clone(), g.clone(), h0.clone()))]
+    #[fusion(meta = |q, k, v, g, h0, _out, _d_out, _params| (q.clone(), k.clone(), v.clone(), g.clone(), h0.clone()))]
     fn linear_relation_bwd(
         q: FloatTensor<Self>,
         k: FloatTensor<Self>,
@@ -115,7 +117,7 @@ pub trait RelationOps: Backend {
         h0: FloatTensor<Self>,
         out: FloatTensor<Self>,
         d_out: FloatTensor<Self>,
-        mode: LinearRelationMode,
+        params: LinearParams,
     ) -> (
         FloatTensor<Self>,
         FloatTensor<Self>,
@@ -199,10 +201,10 @@ macro_rules! relation_ops_impl {
                 v: FloatTensor<Self>,
                 g: FloatTensor<Self>,
                 h0: FloatTensor<Self>,
-                mode: LinearRelationMode,
+                params: LinearParams,
             ) -> FloatTensor<Self> {
-                let args = (q, k, v, g, h0);
-                crate::linear_relation::$kernels::forward$(::<$($ty),+>)?(args, mode)
+                let args = LinearArgs { q, k, v, g, h0, params };
+                crate::linear_relation::$kernels::forward$(::<$($ty),+>)?(args)
             }
 
             fn linear_relation_bwd(
@@ -213,10 +215,10 @@ macro_rules! relation_ops_impl {
                 h0: FloatTensor<Self>,
                 out: FloatTensor<Self>,
                 d_out: FloatTensor<Self>,
-                mode: LinearRelationMode,
+                params: LinearParams,
             ) -> LinearGrads<Self> {
-                let args = (q, k, v, g, h0);
-                crate::linear_relation::$kernels::backward$(::<$($ty),+>)?(args, out, d_out, mode)
+                let args = LinearArgs { q, k, v, g, h0, params };
+                crate::linear_relation::$kernels::backward$(::<$($ty),+>)?(args, out, d_out)
             }
         }
     };
@@ -273,13 +275,51 @@ pub(crate) struct FlashSaved<T> {
     /// `dY`, `[B, T, H, D]`.
     pub dy: T,
 }
-/// Linear Relation's inputs as the kernels take them: `(q, k, v, g, h0)`.
-pub(crate) type LinearArgs<T> = (T, T, T, T, T);
+/// The algorithm and the row layout of one Linear Relation call.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinearParams {
+    /// Token by token, or chunked with a chunk size.
+    pub mode: LinearRelationMode,
+    /// `None`: `B` independent sequences of `T` rows. `Some`: one packed row (`B = 1`) of
+    /// segments, each computed alone from its own initial state (see `relation_core::Segments`).
+    pub segments: Option<Segments>,
+}
 
-/// `[B, T, H, D]` -> `[B, H, T + D, D]`: Linear Relation's bundled output (`y` then the state).
+impl LinearParams {
+    /// Sequences per row of the call: 1 unpacked, the segment count packed.
+    pub(crate) fn per_row(&self) -> usize {
+        self.segments.as_ref().map_or(1, Segments::count)
+    }
+}
+
+/// Linear Relation's inputs as the kernels take them.
+pub(crate) struct LinearArgs<T> {
+    /// `S p̂1`, `[B, T, H, D]`.
+    pub q: T,
+    /// `S p̂2`, `[B, T, H, D]`.
+    pub k: T,
+    /// `Ĩ`, `[B, T, H, D]`.
+    pub v: T,
+    /// `log alpha <= 0`, `[B, T, H, D]`.
+    pub g: T,
+    /// Initial states, `[N, H, D, D]`.
+    pub h0: T,
+    /// Mode and layout.
+    pub params: LinearParams,
+}
+
+/// `[B, T, H, D]` -> `[B, H, T + n D, D]`: Linear Relation's bundled output (`y`, then the final
+/// state of each of the row's `n` sequences).
 #[cfg(feature = "cube")]
-fn bundled_shape(x: &burn::tensor::Shape) -> burn::tensor::Shape {
-    burn::tensor::Shape::new([x[0], x[2], x[1] + x[3], x[3]])
+fn bundled_spec(
+    q: &burn::backend::fusion::custom::TensorSpec,
+    params: &LinearParams,
+) -> burn::backend::fusion::custom::TensorSpec {
+    let x = &q.shape;
+    burn::backend::fusion::custom::TensorSpec::new(
+        burn::tensor::Shape::new([x[0], x[2], x[1] + params.per_row() * x[3], x[3]]),
+        q.dtype,
+    )
 }
 
 /// `[B, T, H, D]` -> `[B, T, H]`: the shape of per-row outputs.

@@ -14,7 +14,7 @@ use relation_kernels::{
     rope_packed,
 };
 
-use crate::common::{assert_path, flex, to_flex};
+use crate::common::{assert_path, flex, kernel_choices, to_flex};
 
 /// Packed inputs `[1, total, H, D]` (rounded through `dtype`) and the loss weights.
 struct Packed {
@@ -523,6 +523,190 @@ fn packed_linear_relation_segment_lengths_on_flex() {
         LinearRelationMode::Chunked { chunk_size: 16 },
         14,
     );
+}
+
+/// Linear Relation's packed call against each segment called alone (same device, same kernels):
+/// `y`, the final states and the gradients of `Ĩ`, `log alpha` and the initial states bit for
+/// bit — on Flex and CubeCL one launch (one decision) covers the whole packed row, and each
+/// `(segment, head)` runs the code of the unpacked call on the same values; `dp1`, `dp2` too on
+/// Flex, and within the dtype's tolerance on CubeCL, where they pass through the prologue's
+/// element-wise ops as Burn's fusion compiles them for the tensor's length.
+fn check_linear_alone(
+    device: &Device,
+    lengths: &[usize],
+    mode: LinearRelationMode,
+    dtype: DType,
+    seed: u64,
+) {
+    debug::poison_outputs(true);
+    let segments = Segments::from_lengths(lengths).unwrap();
+    let (total, n, h, d) = (segments.total(), segments.count(), 2, 48);
+    let what = format!("lengths {lengths:?} {mode:?} {dtype:?}");
+    let flex = Device::flex();
+    let data = |dims: [usize; 4], seed, scale| {
+        uniform(dims, seed, scale, &flex, DType::F32)
+            .cast(dtype)
+            .into_data()
+    };
+    let gates = burn::tensor::activation::softplus(
+        uniform([1, total, h, d], seed + 3, 2.0, &flex, DType::F32),
+        1.0,
+    )
+    .neg()
+    .cast(dtype)
+    .into_data();
+    let inputs = [
+        data([1, total, h, d], seed, 1.0),
+        data([1, total, h, d], seed + 1, 1.0),
+        data([1, total, h, d], seed + 2, 1.0),
+        gates,
+        data([n, h, d, d], seed + 4, 0.5),
+    ];
+    let weights = data([1, total, h, d], seed + 5, 1.0);
+    let state_weights = data([n, h, d, d], seed + 6, 1.0);
+
+    let ad = device.clone().autodiff();
+    let run = |packed_call: bool| {
+        let leaf = |x: &TensorData| Tensor::<4>::from_data(x.clone(), (&ad, dtype)).require_grad();
+        let [p1, p2, info, g, s0] = [0, 1, 2, 3, 4].map(|i| leaf(&inputs[i]));
+        let (w, ws) = (
+            Tensor::<4>::from_data(weights.clone(), (&ad, dtype)),
+            Tensor::<4>::from_data(state_weights.clone(), (&ad, dtype)),
+        );
+        let call = |seg: Option<(usize, usize)>, n: usize| {
+            let part = |x: &Tensor<4>| seg.map_or_else(|| x.clone(), |seg| rows(x, seg));
+            let state = seg.map_or_else(|| s0.clone(), |_| s0.clone().narrow(0, n, 1));
+            let run = || match seg {
+                None => linear_relation_packed(
+                    p1.clone(),
+                    p2.clone(),
+                    info.clone(),
+                    g.clone(),
+                    DEFAULT_TAU,
+                    Some(state.clone()),
+                    &segments,
+                    mode,
+                    Strategy::Auto,
+                ),
+                Some(_) => relation_kernels::linear_relation(
+                    part(&p1),
+                    part(&p2),
+                    part(&info),
+                    part(&g),
+                    DEFAULT_TAU,
+                    Some(state.clone()),
+                    mode,
+                    Strategy::Auto,
+                ),
+            };
+            let (out, choices) = kernel_choices(run);
+            // One decision for the whole call (one launch on devices with kernels).
+            assert_eq!(choices.len(), 1, "{what}: {choices:?}");
+            assert_eq!(choices[0].1, "fused", "{what}: {choices:?}");
+            out.unwrap()
+        };
+        let (y, state) = if packed_call {
+            let out = call(None, 0);
+            (out.y, out.state)
+        } else {
+            let outs: Vec<_> = segments
+                .bounds()
+                .enumerate()
+                .map(|(n, seg)| call(Some(seg), n))
+                .collect();
+            (
+                Tensor::cat(outs.iter().map(|o| o.y.clone()).collect(), 1),
+                Tensor::cat(outs.iter().map(|o| o.state.clone()).collect(), 0),
+            )
+        };
+        let loss = (y.clone() * w).sum() + (state.clone() * ws).sum();
+        let grads = loss.backward();
+        let mut all = vec![y, state];
+        for x in [&p1, &p2, &info, &g, &s0] {
+            all.push(x.grad(&grads).unwrap());
+        }
+        all
+    };
+    let got = run(true);
+    let want = run(false);
+    let names = ["y", "state", "dp1", "dp2", "dI", "dlog_alpha", "dh0"];
+    let mut mismatches = Vec::new();
+    for ((name, got), want) in names.iter().zip(got).zip(want) {
+        if ["dp1", "dp2"].contains(name) && relation_kernels::is_cube(device) {
+            // Through the prologue's tensor ops (L2 norm, `S`), which Burn's fusion compiles
+            // with a vector width chosen by tensor length: the last bit may differ.
+            assert_close(
+                &format!("{name} packed vs alone, {what}"),
+                &to_flex(got),
+                &to_flex(want),
+                tolerance(dtype, Check::Gradient),
+            );
+        } else if got.to_data() != want.to_data() {
+            let diff = (to_flex(got.clone()) - to_flex(want.clone()))
+                .abs()
+                .max()
+                .into_scalar::<f32>();
+            mismatches.push(format!("{name} (max |diff| {diff:e})"));
+        }
+    }
+    assert!(
+        mismatches.is_empty(),
+        "{what} on {device:?}: {mismatches:?}"
+    );
+}
+
+device_tests! {
+    fn packed_linear_relation_equals_each_segment_alone(device) {
+        for (lengths, seed) in [
+            (&[1usize, 2, 63, 64, 65, 257][..], 31),
+            (&[1, 1, 1, 1, 1, 1, 1, 1, 70, 1], 32),
+        ] {
+            check_linear_alone(&device, lengths, LinearRelationMode::Recurrent, DType::F32, seed);
+        }
+        // Chunk edges: inside, on and just past 16-token chunks.
+        check_linear_alone(
+            &device,
+            &[15, 1, 16, 17, 33],
+            LinearRelationMode::Chunked { chunk_size: 16 },
+            DType::F32,
+            33,
+        );
+        check_linear_alone(&device, &[5, 64, 66], LinearRelationMode::Recurrent, DType::F16, 34);
+    }
+}
+
+device_tests! {
+    fn packed_linear_relation_more_segments_than_one_grid_row(device) {
+        // 33,000 one-token documents: more sequences than one grid dimension holds (32,768), so
+        // the table spreads over two and the grid has cubes past its end, which must not write.
+        // A one-token segment from a zero state reads nothing: y = Ĩ exactly, and its final
+        // state is the one of the token alone.
+        debug::poison_outputs(true);
+        let n = 33_000;
+        let segments = Segments::from_lengths(&vec![1; n]).unwrap();
+        let x = |seed| uniform([1, n, 1, 16], seed, 1.0, &device, DType::F32);
+        let (p1, p2, info) = (x(41), x(42), x(43));
+        let g = x(44).abs().neg();
+        let out = linear_relation_packed(
+            p1.clone(), p2.clone(), info.clone(), g.clone(), DEFAULT_TAU, None, &segments,
+            LinearRelationMode::Recurrent, Strategy::Auto,
+        )
+        .unwrap();
+        assert_eq!(out.y.to_data(), info.to_data(), "y of one-token segments");
+        for i in [0, 32_767, 32_768, n - 1] {
+            let seg = (i, i + 1);
+            let alone = relation_kernels::linear_relation(
+                rows(&p1, seg), rows(&p2, seg), rows(&info, seg), rows(&g, seg), DEFAULT_TAU,
+                None, LinearRelationMode::Recurrent, Strategy::Auto,
+            )
+            .unwrap();
+            assert_eq!(
+                out.state.clone().narrow(0, i, 1).to_data(),
+                alone.state.to_data(),
+                "final state of segment {i}"
+            );
+        }
+    }
 }
 
 device_tests! {

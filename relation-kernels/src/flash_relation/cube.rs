@@ -65,7 +65,7 @@ use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashParams};
 use crate::tile::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
-    sequences, sigmoid,
+    sigmoid,
 };
 
 #[cube(launch)]
@@ -230,7 +230,12 @@ fn launch_forward(
     let stats = empty_like_dtype(&p1, Shape::new([b, t, h, STATS]), DType::F32);
     // One cube per (query tile of one sequence, head): packed segments are sequences of their
     // own, so no cube multiplies tiles of two segments.
-    let tiles = SequenceTiles::new(&p1, &sequences(segments.as_ref(), b, t), tiling.block_q, h);
+    let tiles = SequenceTiles::new(
+        &p1,
+        &crate::tile::sequences(b, t, segments.as_ref()),
+        tiling.block_q,
+        h,
+    );
     let client = p1.client.clone();
     let dtype = p1.dtype;
     flash_relation_fwd_kernel::launch(

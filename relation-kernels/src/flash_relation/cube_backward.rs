@@ -12,7 +12,7 @@ use crate::launches;
 use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_rows, load_seq_rows,
-    seq_tile, sequences, sigmoid,
+    seq_tile, sigmoid,
 };
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
@@ -325,7 +325,12 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
 
     // One cube per (tile of block_q rows of one sequence, head) for all three kernels: query
     // tiles for the prepass and dp1, key tiles for dp2 and dĨ.
-    let tiles = SequenceTiles::new(&p1, &sequences(segments.as_ref(), b, t), tiling.block_q, h);
+    let tiles = SequenceTiles::new(
+        &p1,
+        &crate::tile::sequences(b, t, segments.as_ref()),
+        tiling.block_q,
+        h,
+    );
     let cube_dim = CubeDim::new_1d(tiling.block_q as u32);
     let rows = empty_like_dtype(&p1, Shape::new([b, t, h, ROWS]), DType::F32);
     flash_relation_prepass_kernel::launch(

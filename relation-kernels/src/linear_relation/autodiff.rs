@@ -12,12 +12,12 @@ use burn::backend::{
     tensor::FloatTensor,
 };
 
-use crate::ops::{LinearArgs, LinearGrads};
-use crate::{LinearRelationMode, RelationOps};
+use crate::RelationOps;
+use crate::ops::{LinearArgs, LinearGrads, LinearParams};
 
-/// The fused backward of the kernels `mode` names.
+/// The fused backward of the kernels `params.mode` names, over the call's layout.
 #[derive(Debug)]
-struct LinearRelationBackward(LinearRelationMode);
+struct LinearRelationBackward(LinearParams);
 
 impl<B: RelationOps> Backward<B, 5> for LinearRelationBackward {
     // The five input nodes (checkpointed) and the bundled output.
@@ -44,11 +44,18 @@ impl<B: RelationOps> Backward<B, 5> for LinearRelationBackward {
 
 /// [`RelationOps::linear_relation`] for `Autodiff<B, C>`.
 pub(crate) fn forward<B: RelationOps, C: CheckpointStrategy>(
-    (q, k, v, g, h0): LinearArgs<FloatTensor<Autodiff<B, C>>>,
-    mode: LinearRelationMode,
+    args: LinearArgs<FloatTensor<Autodiff<B, C>>>,
 ) -> FloatTensor<Autodiff<B, C>> {
+    let LinearArgs {
+        q,
+        k,
+        v,
+        g,
+        h0,
+        params,
+    } = args;
     let guards = [q.node(), k.node(), v.node(), g.node(), h0.node()];
-    match LinearRelationBackward(mode)
+    match LinearRelationBackward(params.clone())
         .prepare::<C>(guards)
         .compute_bound()
         .stateful()
@@ -56,25 +63,32 @@ pub(crate) fn forward<B: RelationOps, C: CheckpointStrategy>(
         OpsKind::Tracked(mut prep) => {
             let ids = [&q, &k, &v, &g, &h0].map(|x| prep.checkpoint(x));
             let [q, k, v, g, h0] = [q, k, v, g, h0].map(|x| x.into_primitive());
-            let out = B::linear_relation(q, k, v, g, h0, mode);
+            let out = B::linear_relation(q, k, v, g, h0, params);
             prep.finish((ids, out.clone()), out)
         }
         OpsKind::UnTracked(prep) => {
             let [q, k, v, g, h0] = [q, k, v, g, h0].map(|x| x.into_primitive());
-            prep.finish(B::linear_relation(q, k, v, g, h0, mode))
+            prep.finish(B::linear_relation(q, k, v, g, h0, params))
         }
     }
 }
 
 /// [`RelationOps::linear_relation_bwd`] for `Autodiff<B, C>`: the inner backend's, untracked.
 pub(crate) fn backward<B: RelationOps, C: CheckpointStrategy>(
-    (q, k, v, g, h0): LinearArgs<FloatTensor<Autodiff<B, C>>>,
+    args: LinearArgs<FloatTensor<Autodiff<B, C>>>,
     out: FloatTensor<Autodiff<B, C>>,
     d_out: FloatTensor<Autodiff<B, C>>,
-    mode: LinearRelationMode,
 ) -> LinearGrads<Autodiff<B, C>> {
+    let LinearArgs {
+        q,
+        k,
+        v,
+        g,
+        h0,
+        params,
+    } = args;
     let [q, k, v, g, h0, out, d_out] = [q, k, v, g, h0, out, d_out].map(|x| x.into_primitive());
-    let grads = B::linear_relation_bwd(q, k, v, g, h0, out, d_out, mode);
+    let grads = B::linear_relation_bwd(q, k, v, g, h0, out, d_out, params);
     let wrap = FloatTensor::<Autodiff<B, C>>::new;
     (
         wrap(grads.0),

@@ -8,7 +8,9 @@
 //! C_t^- = Diag(e^{g_t}) C_{t-1};   E_t = (C_t^-)^T q_t;   y_t = v_t + E_t;   C_t = C_t^- + k_t v_t^T
 //! ```
 //!
-//! One cube per `(b, h)`, one unit per state column or row, tokens streamed through shared
+//! One cube per `(sequence, head)` — a sequence is a row of an unpacked call or a segment of a
+//! packed one, read from a table (`tile::cube::SequenceTiles::sequences`), started from its own
+//! initial state and never reading another's rows — one unit per state column or row, tokens streamed through shared
 //! memory in tiles. The state never leaves registers; memory is `O(T D)` and time `O(T D^2)`
 //! with no `T x T` term. Each kernel owns either the columns or the rows of `C`, chosen so that
 //! every sum is local to a unit (no cross-unit reductions, no atomics: deterministic). Where a
@@ -29,11 +31,12 @@
 //! cumulative gates `b_t = sum_{s<=t} g_s`, every term of `E` and `C_T` carries
 //! `e^{b_t - b_j}` (query side `q_t`, key side `k_j`), so
 //! `dL/db_t = q_t ⊙ dq_t - k_t ⊙ dk_t` (+ `sum_c dC_T[:,c] ⊙ C_T[:,c]` at `t = T`), and
-//! `dg_s = sum_{t >= s} dL/db_t`: a reverse cumulative sum, done with tensor operations.
+//! `dg_s = sum_{t >= s} dL/db_t`: a reverse cumulative sum within each sequence, one small kernel
+//! (`cube.rs`, shared with the chunked mode).
 //!
-//! Output and its gradient are bundled in one tensor `[B, H, T + D, D]` (rows `0..T` are `y` in
-//! heads-first layout, rows `T..T+D` the final state `C_T[k, c]`), because an autodiff node has
-//! one output.
+//! Output and its gradient are bundled in one tensor `[B, H, T + n D, D]` (rows `0..T` are `y` in
+//! heads-first layout, then the final state `C_T[k, c]` of each of the row's `n` sequences: one
+//! unpacked, `N` packed), because an autodiff node has one output.
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::Shape;
@@ -41,10 +44,12 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use crate::launches;
+use crate::ops::LinearParams;
 use crate::tile::cube::{
-    column_units, empty_like, head_of, load_bundle_rows, load_head_rows, load_lanes, rows_from,
-    store_lanes,
+    SequenceTiles, column_units, empty_like, head_of_sequence, load_bundle_rows, load_lanes,
+    load_sequence_rows, rows_from, store_lanes,
 };
+use crate::tile::sequences;
 
 /// Tokens per shared-memory tile.
 const TOKENS: usize = 16;
@@ -57,13 +62,14 @@ fn linear_relation_fwd_kernel<F: Float>(
     v: &Tensor<F>,
     g: &Tensor<F>,
     h0: &Tensor<F>,
+    table: &Tensor<u32>,
     out: &mut Tensor<F>,
     #[comptime] head_dim: usize,
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
-    let h0_base = at.bh * head_dim * head_dim; // [B, H, D, D]
+    let at = head_of_sequence::<F>(q, out.shape(2), table, head_dim);
+    let h0_base = at.bh * head_dim * head_dim; // [N, H, D, D]
 
     // C[:, c] of this unit's m-th column at m * D.
     let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
@@ -75,10 +81,10 @@ fn linear_relation_fwd_kernel<F: Float>(
 
     for tile in 0..at.seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_head_rows::<F>(q, &mut q_tile, at.base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(k, &mut k_tile, at.base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(g, &mut a_tile, at.base, t0, TOKENS, head_dim, true);
-        load_head_rows::<F>(v, &mut v_tile, at.base, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(q, &mut q_tile, &at, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(k, &mut k_tile, &at, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(g, &mut a_tile, &at, t0, TOKENS, head_dim, true);
+        load_sequence_rows::<F>(v, &mut v_tile, &at, t0, TOKENS, head_dim, false);
         sync_cube();
         let n = rows_from(t0, at.seq, TOKENS);
         for tt in 0..n {
@@ -105,8 +111,10 @@ fn linear_relation_fwd_kernel<F: Float>(
         }
         sync_cube();
     }
-    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: C_T[k, c]
-    store_lanes::<F>(&state, out, final_base, head_dim, 1, head_dim, lanes);
+    if at.seq > 0 {
+        // The sequence's final-state rows of the bundle: C_T[k, c].
+        store_lanes::<F>(&state, out, at.final_base, head_dim, 1, head_dim, lanes);
+    }
 }
 
 /// `dq`: unit `u` owns the state rows `r = u + m · units`, forward time, recomputing `C` from
@@ -118,12 +126,13 @@ fn linear_relation_dq_kernel<F: Float>(
     g: &Tensor<F>,
     h0: &Tensor<F>,
     d_out: &Tensor<F>,
+    table: &Tensor<u32>,
     dq: &mut Tensor<F>,
     #[comptime] head_dim: usize,
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(k, CUBE_POS_X as usize, head_dim);
+    let at = head_of_sequence::<F>(k, d_out.shape(2), table, head_dim);
 
     // C[r, :] of this unit's m-th row at m * D.
     let mut state = Array::<f32>::new(comptime!(lanes * head_dim));
@@ -133,7 +142,7 @@ fn linear_relation_dq_kernel<F: Float>(
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     for tile in 0..at.seq.div_ceil(TOKENS) {
         let t0 = tile * TOKENS;
-        load_head_rows::<F>(v, &mut v_tile, at.base, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(v, &mut v_tile, &at, t0, TOKENS, head_dim, false);
         load_bundle_rows::<F>(d_out, &mut dy_tile, &at, t0, TOKENS, head_dim);
         sync_cube();
         let n = rows_from(t0, at.seq, TOKENS);
@@ -172,24 +181,33 @@ fn linear_relation_dk_kernel<F: Float>(
     v: &Tensor<F>,
     g: &Tensor<F>,
     d_out: &Tensor<F>,
+    table: &Tensor<u32>,
     dk: &mut Tensor<F>,
     dh0: &mut Tensor<F>,
     #[comptime] head_dim: usize,
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
+    let at = head_of_sequence::<F>(q, d_out.shape(2), table, head_dim);
 
     // dC[r, :] of this unit's m-th row at m * D, from dC_T.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
-    load_lanes::<F>(d_out, &mut grad, final_base, 1, head_dim, head_dim, lanes);
+    // The sequence's final-state rows of the bundle's gradient: dC_T[k, c].
+    load_lanes::<F>(
+        d_out,
+        &mut grad,
+        at.final_base,
+        1,
+        head_dim,
+        head_dim,
+        lanes,
+    );
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let tiles = at.seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_head_rows::<F>(v, &mut v_tile, at.base, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(v, &mut v_tile, &at, t0, TOKENS, head_dim, false);
         load_bundle_rows::<F>(d_out, &mut dy_tile, &at, t0, TOKENS, head_dim);
         sync_cube();
         let n = rows_from(t0, at.seq, TOKENS);
@@ -219,8 +237,10 @@ fn linear_relation_dk_kernel<F: Float>(
         }
         sync_cube();
     }
-    let h0_base = at.bh * head_dim * head_dim;
-    store_lanes::<F>(&grad, dh0, h0_base, 1, head_dim, head_dim, lanes);
+    if at.seq > 0 {
+        let h0_base = at.bh * head_dim * head_dim; // [N, H, D, D]
+        store_lanes::<F>(&grad, dh0, h0_base, 1, head_dim, head_dim, lanes);
+    }
 }
 
 /// `dv`: unit `u` owns the state columns `c = u + m · units`, reverse time.
@@ -230,26 +250,35 @@ fn linear_relation_dv_kernel<F: Float>(
     k: &Tensor<F>,
     g: &Tensor<F>,
     d_out: &Tensor<F>,
+    table: &Tensor<u32>,
     dv: &mut Tensor<F>,
     #[comptime] head_dim: usize,
     #[comptime] lanes: usize,
     #[define(F)] _dtype: ElemType,
 ) {
-    let at = head_of::<F>(q, CUBE_POS_X as usize, head_dim);
+    let at = head_of_sequence::<F>(q, d_out.shape(2), table, head_dim);
 
     // dC[:, c] of this unit's m-th column at m * D.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    let final_base = at.out_base + at.seq * head_dim; // rows T.. of the bundle: dC_T[k, c]
-    load_lanes::<F>(d_out, &mut grad, final_base, head_dim, 1, head_dim, lanes);
+    // The sequence's final-state rows of the bundle's gradient: dC_T[k, c].
+    load_lanes::<F>(
+        d_out,
+        &mut grad,
+        at.final_base,
+        head_dim,
+        1,
+        head_dim,
+        lanes,
+    );
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let tiles = at.seq.div_ceil(TOKENS);
     for step in 0..tiles {
         let t0 = (tiles - 1 - step) * TOKENS;
-        load_head_rows::<F>(q, &mut q_tile, at.base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(k, &mut k_tile, at.base, t0, TOKENS, head_dim, false);
-        load_head_rows::<F>(g, &mut a_tile, at.base, t0, TOKENS, head_dim, true);
+        load_sequence_rows::<F>(q, &mut q_tile, &at, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(k, &mut k_tile, &at, t0, TOKENS, head_dim, false);
+        load_sequence_rows::<F>(g, &mut a_tile, &at, t0, TOKENS, head_dim, true);
         sync_cube();
         let n = rows_from(t0, at.seq, TOKENS);
         for back in 0..n {
@@ -283,13 +312,23 @@ fn contiguous(x: CubeTensor) -> CubeTensor {
     into_contiguous(x)
 }
 
-/// Forward: `[B, H, T + D, D]` bundle of `y` (heads first) and the final state.
+/// The call's sequence table: one cube per `(sequence, head)`.
+fn table(q: &CubeTensor, params: &LinearParams) -> SequenceTiles {
+    let dims = q.meta.shape();
+    let (b, t, h) = (dims[0], dims[1], dims[2]);
+    let seqs = sequences(b, t, params.segments.as_ref());
+    SequenceTiles::sequences(q, &seqs, params.per_row(), h)
+}
+
+/// Forward: `[B, H, T + n D, D]` bundle of `y` (heads first) and the final state of each of a
+/// row's `n` sequences.
 pub(crate) fn forward(
     q: CubeTensor,
     k: CubeTensor,
     v: CubeTensor,
     g: CubeTensor,
     h0: CubeTensor,
+    params: &LinearParams,
 ) -> CubeTensor {
     launches::record(&launches::LINEAR_RELATION_FWD);
     let (q, k, v, g, h0) = (
@@ -301,19 +340,21 @@ pub(crate) fn forward(
     );
     let dims = q.meta.shape().clone();
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
-    let out = empty_like(&q, Shape::new([b, h, t + d, d]));
+    let out = empty_like(&q, Shape::new([b, h, t + params.per_row() * d, d]));
     let client = q.client.clone();
     let dtype = dtype_to_storage_type(q.dtype);
     let (units, lanes) = column_units(&client, d, 1);
+    let tiles = table(&q, params);
     linear_relation_fwd_kernel::launch(
         &client,
-        CubeCount::Static((b * h) as u32, 1, 1),
+        tiles.count,
         CubeDim::new_1d(units as u32),
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         v.into_tensor_arg(),
         g.into_tensor_arg(),
         h0.into_tensor_arg(),
+        tiles.table.into_tensor_arg(),
         out.clone().into_tensor_arg(),
         d,
         lanes,
@@ -331,6 +372,7 @@ pub(crate) fn backward(
     g: CubeTensor,
     h0: CubeTensor,
     d_out: CubeTensor,
+    params: &LinearParams,
 ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
     launches::record(&launches::LINEAR_RELATION_BWD);
     let (q, k, v, g, h0, d_out) = (
@@ -342,38 +384,41 @@ pub(crate) fn backward(
         contiguous(d_out),
     );
     let dims = q.meta.shape().clone();
-    let (b, h, d) = (dims[0], dims[2], dims[3]);
+    let d = dims[3];
+    let h0_shape = h0.meta.shape().clone(); // [N, H, D, D]
     let client = q.client.clone();
     let dtype = dtype_to_storage_type(q.dtype);
-    let count = CubeCount::Static((b * h) as u32, 1, 1);
+    let tiles = table(&q, params);
     let (units, lanes) = column_units(&client, d, 1);
     let cube_dim = CubeDim::new_1d(units as u32);
 
     let dq = empty_like(&q, dims.clone());
     linear_relation_dq_kernel::launch(
         &client,
-        count.clone(),
+        tiles.count.clone(),
         cube_dim,
         k.clone().into_tensor_arg(),
         v.clone().into_tensor_arg(),
         g.clone().into_tensor_arg(),
         h0.into_tensor_arg(),
         d_out.clone().into_tensor_arg(),
+        tiles.table.clone().into_tensor_arg(),
         dq.clone().into_tensor_arg(),
         d,
         lanes,
         dtype,
     );
     let dk = empty_like(&q, dims.clone());
-    let dh0 = empty_like(&q, Shape::new([b, h, d, d]));
+    let dh0 = empty_like(&q, h0_shape);
     linear_relation_dk_kernel::launch(
         &client,
-        count.clone(),
+        tiles.count.clone(),
         cube_dim,
         q.clone().into_tensor_arg(),
         v.into_tensor_arg(),
         g.clone().into_tensor_arg(),
         d_out.clone().into_tensor_arg(),
+        tiles.table.clone().into_tensor_arg(),
         dk.clone().into_tensor_arg(),
         dh0.clone().into_tensor_arg(),
         d,
@@ -383,12 +428,13 @@ pub(crate) fn backward(
     let dv = empty_like(&q, dims);
     linear_relation_dv_kernel::launch(
         &client,
-        count,
+        tiles.count,
         cube_dim,
         q.into_tensor_arg(),
         k.into_tensor_arg(),
         g.into_tensor_arg(),
         d_out.into_tensor_arg(),
+        tiles.table.into_tensor_arg(),
         dv.clone().into_tensor_arg(),
         d,
         lanes,

@@ -14,8 +14,10 @@
 //! cannot be factored without overflow under strong gates) on top of the same `L D^2` state
 //! products. So every [`LinearRelationMode`] runs this scan on Flex; the result does not depend
 //! on the chunk size (beyond the reference's rounding).
-//! Heads `(b, h)` are independent tasks on the thread pool, each owning its output slice, so the
-//! bits do not depend on the thread count.
+//! Every `(sequence, head)` is an independent task on the thread pool, each owning its output
+//! slices, so the bits do not depend on the thread count; a sequence is a row of an unpacked
+//! `[B, T, H, D]` call or one segment of a packed row, run from its own initial state exactly as
+//! if it were alone (packed rows of many short documents cost what their tokens cost).
 //!
 //! # Backward
 //!
@@ -38,10 +40,11 @@ use rayon::prelude::*;
 
 use crate::LinearRelationMode;
 use crate::launches;
-use crate::ops::{LinearArgs, LinearGrads};
+use crate::ops::{LinearArgs, LinearGrads, LinearParams};
 use crate::tile::flex::{
     LANES, Vectorized, dims4, gather_heads, output, read_f32, scatter_heads, tensor, vectorized,
 };
+use crate::tile::{Sequence, sequences};
 
 /// The inputs of one head, heads-first `[T, D]` each, and `D`.
 #[derive(Clone, Copy)]
@@ -94,21 +97,85 @@ impl Head<'_> {
     }
 }
 
+/// Where one `(sequence, head)` task of a call reads and writes: the sequence (its first row
+/// among the `B·T`), its index `n` among the call's `N` sequences, its row `b` and its head.
+#[derive(Clone, Copy)]
+struct Task {
+    seq: Sequence,
+    n: usize,
+    b: usize,
+    h: usize,
+}
+
+impl Task {
+    /// The task's rows in a heads-first `[B·H, T, D]` buffer.
+    fn span(&self, t: usize, heads: usize, d: usize) -> std::ops::Range<usize> {
+        let local = self.seq.start - self.b * t; // first row within the sequence's row b
+        let start = ((self.b * heads + self.h) * t + local) * d;
+        start..start + self.seq.len * d
+    }
+
+    /// The task's initial (or final-gradient) state in `[N, H, D, D]`.
+    fn state(&self, heads: usize, d: usize) -> std::ops::Range<usize> {
+        let start = (self.n * heads + self.h) * d * d;
+        start..start + d * d
+    }
+}
+
+/// The `(sequence, head)` tasks of a call, in the order of the bundled output: row by row, head
+/// by head, sequence by sequence; and the sequences per row.
+fn tasks(b: usize, t: usize, heads: usize, params: &LinearParams) -> (Vec<Task>, usize) {
+    let seqs = sequences(b, t, params.segments.as_ref());
+    let per_row = params.per_row();
+    let mut tasks = Vec::with_capacity(seqs.len() * heads);
+    for bi in 0..b {
+        for h in 0..heads {
+            for j in 0..per_row {
+                let n = bi * per_row + j;
+                tasks.push(Task {
+                    seq: seqs[n],
+                    n,
+                    b: bi,
+                    h,
+                });
+            }
+        }
+    }
+    (tasks, per_row)
+}
+
+/// Cuts `buf` into consecutive pieces of the given lengths (disjoint borrows for the tasks).
+fn cut(mut buf: &mut [f32], lens: impl IntoIterator<Item = usize>) -> Vec<&mut [f32]> {
+    let mut pieces = Vec::new();
+    for len in lens {
+        let (piece, rest) = std::mem::take(&mut buf).split_at_mut(len);
+        pieces.push(piece);
+        buf = rest;
+    }
+    pieces
+}
+
 /// [`RelationOps::linear_relation`](crate::RelationOps::linear_relation) on Flex: the bundled
-/// output `[B, H, T + D, D]` (rows `0..T` are `y`, rows `T..` the final state), in `q`'s dtype.
-/// Every mode runs the same scan (see the module docs); the mode only picks the launch counter.
+/// output `[B, H, T + n D, D]` (rows `0..T` are `y`, then the final state of each of the row's
+/// `n` sequences: 1 unpacked, `N` packed), in `q`'s dtype. One task per `(sequence, head)`; every
+/// mode runs the same scan (see the module docs); the mode only picks the launch counter.
 ///
 /// # Shapes
-/// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`
-pub(crate) fn forward(
-    (q, k, v, g, h0): LinearArgs<FlexTensor>,
-    mode: LinearRelationMode,
-) -> FlexTensor {
-    launches::record(match mode {
+/// - `q`, `k`, `v`, `g`: `[B, T, H, D]` (packed: `[1, total, H, D]`); `h0`: `[N, H, D, D]`
+pub(crate) fn forward(args: LinearArgs<FlexTensor>) -> FlexTensor {
+    let LinearArgs {
+        q,
+        k,
+        v,
+        g,
+        h0,
+        params,
+    } = args;
+    launches::record(match params.mode {
         LinearRelationMode::Recurrent => &launches::LINEAR_RELATION_FWD,
         LinearRelationMode::Chunked { .. } => &launches::CHUNK_LINEAR_RELATION_FWD,
     });
-    let [b, t, h, d] = dims4(&q);
+    let [b, t, heads, d] = dims4(&q);
     let dtype = q.dtype();
     let (q, k, v, g) = (
         gather_heads(&q),
@@ -116,13 +183,26 @@ pub(crate) fn forward(
         gather_heads(&v),
         gather_heads(&g),
     ); // [B·H, T, D]
-    let h0 = read_f32(&h0); // [B·H, D, D]
+    let h0 = read_f32(&h0); // [N, H, D, D]
+    let (tasks, per_row) = tasks(b, t, heads, &params);
+    let bundle = t + per_row * d; // rows per (b, h) of the output
 
-    let mut out = output(b * h * (t + d) * d); // [B·H, T + D, D]
-    out.par_chunks_mut((t + d) * d)
-        .enumerate()
-        .for_each(|(bh, out)| {
-            let span = bh * t * d..(bh + 1) * t * d;
+    let mut out = output(b * heads * bundle * d); // [B, H, T + n D, D]
+    // Per (b, h): the y rows of each sequence, then each sequence's final state.
+    let mut ys = Vec::with_capacity(tasks.len());
+    let mut states = Vec::with_capacity(tasks.len());
+    for (bh, chunk) in out.chunks_exact_mut(bundle * d).enumerate() {
+        let (y, state) = chunk.split_at_mut(t * d);
+        let row = &tasks[bh * per_row..(bh + 1) * per_row];
+        ys.extend(cut(y, row.iter().map(|task| task.seq.len * d)));
+        states.extend(state.chunks_exact_mut(d * d));
+    }
+    tasks
+        .into_par_iter()
+        .zip(ys)
+        .zip(states)
+        .for_each(|((task, y), state)| {
+            let span = task.span(t, heads, d);
             let head = Head {
                 q: &q[span.clone()],
                 k: &k[span.clone()],
@@ -130,81 +210,111 @@ pub(crate) fn forward(
                 g: &g[span],
                 d,
             };
-            let (y, state) = out.split_at_mut(t * d);
-            state.copy_from_slice(&h0[bh * d * d..(bh + 1) * d * d]);
+            state.copy_from_slice(&h0[task.state(heads, d)]);
             vectorized(ForwardHead { head, state, y });
         });
-    tensor(out, Shape::new([b, h, t + d, d]), dtype)
+    tensor(out, Shape::new([b, heads, bundle, d]), dtype)
 }
 
-/// Backward: `(dq, dk, dv, dg, dh0)` from the bundled output's gradient (see the module docs).
+/// Backward: `(dq, dk, dv, dg, dh0)` from the bundled output's gradient (see the module docs),
+/// one task per `(sequence, head)` as in [`forward`].
 ///
 /// # Shapes
-/// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[B, H, D, D]`; `d_out`: `[B, H, T + D, D]`
+/// - `q`, `k`, `v`, `g`: `[B, T, H, D]`; `h0`: `[N, H, D, D]`; `d_out`: `[B, H, T + n D, D]`
 /// - outputs: like `q`, `k`, `v`, `g`, `h0`
 pub(crate) fn backward(
-    (q, k, v, g, h0): LinearArgs<FlexTensor>,
+    args: LinearArgs<FlexTensor>,
     _out: FlexTensor,
     d_out: FlexTensor,
-    mode: LinearRelationMode,
 ) -> LinearGrads<Flex> {
-    launches::record(match mode {
+    let LinearArgs {
+        q,
+        k,
+        v,
+        g,
+        h0,
+        params,
+    } = args;
+    launches::record(match params.mode {
         LinearRelationMode::Recurrent => &launches::LINEAR_RELATION_BWD,
         LinearRelationMode::Chunked { .. } => &launches::CHUNK_LINEAR_RELATION_BWD,
     });
     let dims = dims4(&q);
-    let [b, t, h, d] = dims;
+    let [b, t, heads, d] = dims;
     let dtype = q.dtype();
+    let h0_shape = Shape::new(dims4(&h0)); // [N, H, D, D]
     let (q, k, v, g) = (
         gather_heads(&q),
         gather_heads(&k),
         gather_heads(&v),
         gather_heads(&g),
     ); // [B·H, T, D]
-    let h0 = read_f32(&h0); // [B·H, D, D]
-    let d_out = read_f32(&d_out); // [B·H, T + D, D]
+    let h0 = read_f32(&h0); // [N, H, D, D]
+    let d_out = read_f32(&d_out); // [B, H, T + n D, D]
+    let (tasks, per_row) = tasks(b, t, heads, &params);
+    let bundle = t + per_row * d;
 
-    // Per head: dq, dk, dv, dg ([T, D] each), then dh0 ([D, D]).
-    let per_head = (4 * t + d) * d;
-    let mut grads = output(b * h * per_head);
-    grads
-        .par_chunks_mut(per_head)
-        .enumerate()
-        .for_each(|(bh, grads)| {
-            let span = bh * t * d..(bh + 1) * t * d;
-            let head = Head {
-                q: &q[span.clone()],
-                k: &k[span.clone()],
-                v: &v[span.clone()],
-                g: &g[span],
-                d,
-            };
-            let d_out = &d_out[bh * (t + d) * d..(bh + 1) * (t + d) * d];
-            let h0 = &h0[bh * d * d..(bh + 1) * d * d];
-            vectorized(BackwardHead {
-                head,
-                h0,
-                d_out,
-                grads,
-            });
+    // dq, dk, dv, dg heads-first ([B·H, T, D]), dh0 [N, H, D, D]; each cut into the tasks'
+    // pieces (tasks run row by row, head by head, sequence by sequence: the heads-first order).
+    let lens = || tasks.iter().map(|task| task.seq.len * d);
+    let mut grads: [Vec<f32>; 4] = std::array::from_fn(|_| output(b * heads * t * d));
+    let mut dh0 = output(h0.len());
+    let [dq, dk, dv, dg] = &mut grads;
+    let pieces = cut(dq, lens())
+        .into_iter()
+        .zip(cut(dk, lens()))
+        .zip(cut(dv, lens()))
+        .zip(cut(dg, lens()));
+    let mut dh0_of: Vec<Option<&mut [f32]>> = dh0.chunks_exact_mut(d * d).map(Some).collect();
+    let work: Vec<_> = tasks
+        .iter()
+        .zip(pieces)
+        .map(|(task, (((dq, dk), dv), dg))| {
+            let dh0 = dh0_of[task.n * heads + task.h]
+                .take()
+                .expect("one task per (sequence, head)");
+            (
+                *task,
+                HeadGrads {
+                    dq,
+                    dk,
+                    dv,
+                    dg,
+                    dh0,
+                },
+            )
+        })
+        .collect();
+    work.into_par_iter().for_each(|(task, grads)| {
+        let span = task.span(t, heads, d);
+        let head = Head {
+            q: &q[span.clone()],
+            k: &k[span.clone()],
+            v: &v[span.clone()],
+            g: &g[span],
+            d,
+        };
+        let j = task.n - task.b * per_row; // the sequence's index within its row
+        let bh = (task.b * heads + task.h) * bundle * d; // the (b, h) block of the bundle
+        let local = task.seq.start - task.b * t;
+        let dy = &d_out[bh + local * d..bh + (local + task.seq.len) * d];
+        let d_final = &d_out[bh + (t + j * d) * d..bh + (t + (j + 1) * d) * d];
+        vectorized(BackwardHead {
+            head,
+            h0: &h0[task.state(heads, d)],
+            dy,
+            d_final,
+            grads,
         });
+    });
 
-    // Split the per-head blocks into the five gradients.
-    let part = |index: usize, len: usize| -> Vec<f32> {
-        let mut out = Vec::with_capacity(b * h * len);
-        for bh in 0..b * h {
-            let start = bh * per_head + index * t * d;
-            out.extend_from_slice(&grads[start..start + len]);
-        }
-        out
-    };
-    let heads = |index: usize| scatter_heads(&part(index, t * d), dims, dtype);
+    let [dq, dk, dv, dg] = grads;
     (
-        heads(0),
-        heads(1),
-        heads(2),
-        heads(3),
-        tensor(part(4, d * d), Shape::new([b, h, d, d]), dtype),
+        scatter_heads(&dq, dims, dtype),
+        scatter_heads(&dk, dims, dtype),
+        scatter_heads(&dv, dims, dtype),
+        scatter_heads(&dg, dims, dtype),
+        tensor(dh0, h0_shape, dtype),
     )
 }
 
@@ -232,12 +342,25 @@ impl Vectorized for ForwardHead<'_> {
     }
 }
 
+/// The gradients of one `(sequence, head)`: `[len, D]` each, and `dh0` `[D, D]`.
+struct HeadGrads<'a> {
+    dq: &'a mut [f32],
+    dk: &'a mut [f32],
+    dv: &'a mut [f32],
+    dg: &'a mut [f32],
+    dh0: &'a mut [f32],
+}
+
 /// One head's backward, compiled for the CPU's vector extension ([`vectorized`]).
 struct BackwardHead<'a> {
     head: Head<'a>,
+    /// `C_0`, `[D, D]`.
     h0: &'a [f32],
-    d_out: &'a [f32],
-    grads: &'a mut [f32],
+    /// `dy`, `[len, D]`.
+    dy: &'a [f32],
+    /// `dC_T`, `[D, D]`.
+    d_final: &'a [f32],
+    grads: HeadGrads<'a>,
 }
 
 impl Vectorized for BackwardHead<'_> {
@@ -245,20 +368,22 @@ impl Vectorized for BackwardHead<'_> {
 
     #[inline(always)]
     fn run(self) {
-        backward_head(self.head, self.h0, self.d_out, self.grads);
+        backward_head(self.head, self.h0, self.dy, self.d_final, self.grads);
     }
 }
 
-/// One head's backward into `grads = [dq | dk | dv | dg | dh0]`.
+/// One head's backward into `grads`.
 #[inline(always)] // into `BackwardHead::run`
-fn backward_head(head: Head<'_>, h0: &[f32], d_out: &[f32], grads: &mut [f32]) {
+fn backward_head(head: Head<'_>, h0: &[f32], dy: &[f32], d_final: &[f32], grads: HeadGrads<'_>) {
     let d = head.d;
     let t = head.q.len() / d;
-    let (dq, rest) = grads.split_at_mut(t * d);
-    let (dk, rest) = rest.split_at_mut(t * d);
-    let (dv, rest) = rest.split_at_mut(t * d);
-    let (dg, d_state) = rest.split_at_mut(t * d);
-    let (dy, d_final) = d_out.split_at(t * d);
+    let HeadGrads {
+        dq,
+        dk,
+        dv,
+        dg,
+        dh0: d_state,
+    } = grads;
 
     // Checkpoints: the state before every `stretch`-th token.
     let stretch = ((t as f64).sqrt().ceil() as usize).max(1);

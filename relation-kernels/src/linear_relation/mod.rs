@@ -15,10 +15,11 @@ pub(crate) mod flex;
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use relation_core::{
-    LinearRelationOutput, Segments, check, l2_normalize, naive_chunk_linear_relation,
-    naive_recurrent_linear_relation, naive_self_relation,
+    LinearForm, LinearRelationOutput, Segments, check, l2_normalize, naive_chunk_linear_relation,
+    naive_packed_linear_relation, naive_recurrent_linear_relation, naive_self_relation,
 };
 
+use crate::ops::LinearParams;
 use crate::{KernelError, RelationOps, Result, Strategy};
 
 /// Largest head dimension of the fused Linear Relation kernels (one unit per state row/column).
@@ -146,7 +147,8 @@ fn check_inputs(
 }
 
 /// The fused path: prepare `q = S p̂1`, `k = S p̂2` with tensor ops (differentiable), run the
-/// kernel, split the bundled output.
+/// kernel over the `N` sequences of the call (`B` rows, or the segments of one packed row), split
+/// the bundled output.
 #[allow(clippy::too_many_arguments)]
 fn fused(
     p1: Tensor<4>,
@@ -156,20 +158,22 @@ fn fused(
     tau: f64,
     state: Option<Tensor<4>>,
     dims: check::Bthd,
-    mode: LinearRelationMode,
+    params: LinearParams,
 ) -> Result<LinearRelationOutput> {
     let [b, t, h, d] = dims.dims();
     if d > MAX_LINEAR_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
-            op: mode.op_name(),
+            op: params.mode.op_name(),
             head_dim: d,
             max: MAX_LINEAR_HEAD_DIM,
         });
     }
+    let per_row = params.per_row();
     let s = naive_self_relation(p1.clone(), p2.clone(), tau)?.unsqueeze_dim::<4>(3); // [B, T, H, 1]
     let q = l2_normalize(p1) * s.clone(); // S_t p̂1_t
     let k = l2_normalize(p2) * s; // S_t p̂2_t
-    let state = state.unwrap_or_else(|| Tensor::zeros([b, h, d, d], (&q.device(), q.dtype())));
+    let n = b * per_row; // sequences
+    let state = state.unwrap_or_else(|| Tensor::zeros([n, h, d, d], (&q.device(), q.dtype())));
     let (q, k, v, g, h0) = (
         q.into_dispatch(),
         k.into_dispatch(),
@@ -177,11 +181,32 @@ fn fused(
         log_alpha.into_dispatch(),
         state.into_dispatch(),
     );
-    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation(q, k, v, g, h0, mode)); // [B, H, T + D, D]
+    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation(q, k, v, g, h0, params)); // [B, H, T + per_row D, D]
+    let state = out
+        .clone()
+        .narrow(2, t, per_row * d) // [B, H, per_row D, D]
+        .reshape([b, h, per_row, d, d])
+        .swap_dims(1, 2) // [B, per_row, H, D, D]
+        .reshape([n, h, d, d]); // [N, H, D, D]
     Ok(LinearRelationOutput {
-        y: out.clone().narrow(2, 0, t).swap_dims(1, 2), // [B, T, H, D]
-        state: out.narrow(2, t, d),                     // [B, H, D, D]
+        y: out.narrow(2, 0, t).swap_dims(1, 2), // [B, T, H, D]
+        state,
     })
+}
+
+/// [`fused`] for one unpacked call in `mode`.
+fn fused_rows(
+    [p1, p2, info, log_alpha]: [Tensor<4>; 4],
+    tau: f64,
+    state: Option<Tensor<4>>,
+    dims: check::Bthd,
+    mode: LinearRelationMode,
+) -> Result<LinearRelationOutput> {
+    let params = LinearParams {
+        mode,
+        segments: None,
+    };
+    fused(p1, p2, info, log_alpha, tau, state, dims, params)
 }
 
 /// Linear Relation (`docs/maths.md#6-linear-relation`) over a sequence, token by token, carrying a state in and out, on any
@@ -212,11 +237,8 @@ pub fn fused_recurrent_linear_relation(
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
     if strategy.use_fused("fused_recurrent_linear_relation", &p1)? {
-        fused(
-            p1,
-            p2,
-            info,
-            log_alpha,
+        fused_rows(
+            [p1, p2, info, log_alpha],
             tau,
             initial_state,
             dims,
@@ -258,11 +280,8 @@ pub fn linear_relation_step(
 ) -> Result<LinearRelationOutput> {
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, Some(&state))?;
     if strategy.use_fused("linear_relation_step", &p1)? {
-        fused(
-            p1,
-            p2,
-            info,
-            log_alpha,
+        fused_rows(
+            [p1, p2, info, log_alpha],
             tau,
             Some(state),
             dims,
@@ -319,11 +338,8 @@ pub fn chunk_linear_relation(
     LinearRelationMode::Chunked { chunk_size }.check()?;
     let dims = check_inputs(&p1, &p2, &info, &log_alpha, tau, initial_state.as_ref())?;
     if strategy.use_fused("chunk_linear_relation", &p1)? {
-        fused(
-            p1,
-            p2,
-            info,
-            log_alpha,
+        fused_rows(
+            [p1, p2, info, log_alpha],
             tau,
             initial_state,
             dims,
@@ -385,10 +401,13 @@ pub fn linear_relation(
 /// `[1, total, H, D]` row; segment `n` starts from `initial_state[n]` (zero when `None`) and ends
 /// in `state[n]`, exactly as if run alone, with gradients to both.
 ///
-/// Each segment runs through the kernels of `mode` on its own rows (a view of the packed
-/// inputs), so no chunk straddles a boundary and no state crosses one; chunked mode restarts its
-/// chunks at every segment start. This is one launch per segment: a single-launch kernel over the
-/// segment table is still to come for Linear Relation (FlashRelation on Flex has one).
+/// On Flex and CubeCL devices one launch covers every segment: one task (Flex) or cube (CubeCL)
+/// per `(segment, head)`, each reading only its own segment's rows, so a row of many short
+/// documents costs what its tokens cost. CubeCL's chunked kernels take equal rows, so there a
+/// chunked call launches them once per segment, on its rows (chunks restart at every segment
+/// start). Elsewhere (or with [`Strategy::Reference`]) it is
+/// `relation_core::naive_packed_linear_relation`, segment by segment, with the chunk size of
+/// `mode` ([`REFERENCE_CHUNK`] for the recurrent mode, as [`linear_relation`]).
 ///
 /// # Shapes
 /// - `p1`, `p2`, `info`, `log_alpha`: `[1, total, H, D]`; `segments` end at `total`
@@ -423,27 +442,26 @@ pub fn linear_relation_packed(
         )?;
         check::same_device("initial_state", state, &p1)?;
     }
-    let rows =
-        |x: &Tensor<4>, (start, end): (usize, usize)| x.clone().narrow(1, start, end - start);
-    let mut ys = Vec::with_capacity(segments.count());
-    let mut states = Vec::with_capacity(segments.count());
-    for (n, seg) in segments.bounds().enumerate() {
-        let h0 = initial_state.as_ref().map(|s| s.clone().narrow(0, n, 1)); // [1, H, D, D]
-        let out = linear_relation(
-            rows(&p1, seg),
-            rows(&p2, seg),
-            rows(&info, seg),
-            rows(&log_alpha, seg),
-            tau,
-            h0,
+    if strategy.use_fused(mode.op_name(), &p1)? {
+        let params = LinearParams {
             mode,
-            strategy,
-        )?;
-        ys.push(out.y); // [1, len, H, D]
-        states.push(out.state); // [1, H, D, D]
+            segments: Some(segments.clone()),
+        };
+        fused(p1, p2, info, log_alpha, tau, initial_state, dims, params)
+    } else {
+        let form = match mode {
+            LinearRelationMode::Recurrent => LinearForm::Chunked(REFERENCE_CHUNK),
+            LinearRelationMode::Chunked { chunk_size } => LinearForm::Chunked(chunk_size),
+        };
+        Ok(naive_packed_linear_relation(
+            p1,
+            p2,
+            info,
+            log_alpha,
+            tau,
+            initial_state,
+            segments,
+            form,
+        )?)
     }
-    Ok(LinearRelationOutput {
-        y: Tensor::cat(ys, 1),
-        state: Tensor::cat(states, 0),
-    })
 }

@@ -137,30 +137,35 @@ pub(crate) fn load_head_rows<F: Float>(
     );
 }
 
-/// Where the `(b, h)` pair of one cube lives in the layouts the Linear Relation kernels share:
-/// the inputs `[B, T, H, D]` (contiguous) and the bundled output `[B, H, T + D, D]` (the `T`
-/// output rows, then the final state's `D` rows). Built once per kernel by [`head_of`]; also
-/// carries the unit's place in the cube. (FlashRelation's kernels use [`SeqTile`].)
+/// Where the sequence and head of one cube live in the layouts the Linear Relation kernels
+/// share: the inputs `[B, T, H, D]` (contiguous; packed: `[1, total, H, D]`), the initial states
+/// `[N, H, D, D]` and the bundled output `[B, H, T + n D, D]` (the `T` output rows of a row, then
+/// the final states of its `n` sequences: 1 unpacked, `N` packed). Built once per kernel by
+/// [`head_of`] (one cube per `(b, h)` of an unpacked call) or [`head_of_sequence`] (one cube per
+/// `(sequence, head)` from a table); also carries the unit's place in the cube. (FlashRelation's
+/// kernels use [`SeqTile`].)
 #[derive(CubeType, Clone, Copy)]
 pub(crate) struct HeadOf {
-    /// `T`.
+    /// The sequence's length (0 for a cube past the end of a table: it does nothing).
     pub seq: usize,
-    /// `b * H + h`, the cube's `(b, h)` pair.
+    /// `n * H + h`: the sequence's state among the `[N, H]` states (`b * H + h` unpacked).
     pub bh: usize,
     /// `H * D`: from one token to the next in `[B, T, H, D]`.
     pub row_stride: usize,
-    /// Offset of token 0 of `(b, h)` in `[B, T, H, D]`.
+    /// Offset of the sequence's token 0, head `h`, in `[B, T, H, D]`.
     pub base: usize,
-    /// Offset of `(b, h)` in the bundled `[B, H, T + D, D]`.
+    /// Offset of the sequence's output row 0, head `h`, in the bundled output.
     pub out_base: usize,
+    /// Offset of the sequence's final state, head `h`, in the bundled output.
+    pub final_base: usize,
     /// This unit's index in the cube, `UNIT_POS_X`.
     pub u: usize,
     /// Units per cube, `CUBE_DIM_X`.
     pub units: usize,
 }
 
-/// The [`HeadOf`] of cube index `bh` (= `b * H + h`), with `T` and `H` read from `x`, any
-/// `[B, T, H, D]` input.
+/// The [`HeadOf`] of cube index `bh` (= `b * H + h`) of an unpacked call, with `T` and `H` read
+/// from `x`, any `[B, T, H, D]` input.
 #[cube]
 pub(crate) fn head_of<F: Float>(x: &Tensor<F>, bh: usize, #[comptime] head_dim: usize) -> HeadOf {
     let seq = x.shape(1);
@@ -168,15 +173,86 @@ pub(crate) fn head_of<F: Float>(x: &Tensor<F>, bh: usize, #[comptime] head_dim: 
     let batch = bh / heads;
     let head = bh % heads;
     let row_stride = heads * head_dim;
+    let out_base = bh * (seq + head_dim) * head_dim;
     HeadOf {
         seq,
         bh,
         row_stride,
         base: batch * seq * row_stride + head * head_dim,
-        out_base: bh * (seq + head_dim) * head_dim,
+        out_base,
+        final_base: out_base + seq * head_dim,
         u: UNIT_POS_X as usize,
         units: CUBE_DIM_X as usize,
     }
+}
+
+/// This cube's [`HeadOf`] from a sequence table (see [`SequenceTiles::sequences`]): entry
+/// `CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X` of `table` (triples `(first token, length, index
+/// within its row)`, `u32`), head `CUBE_POS_Z`. `x` (any `[B, T, H, D]` input) gives `T` and `H`,
+/// `rows` (`T + n D`, the bundled output's dimension 2) the sequences per row.
+#[cube]
+pub(crate) fn head_of_sequence<F: Float>(
+    x: &Tensor<F>,
+    rows: usize,
+    table: &Tensor<u32>,
+    #[comptime] head_dim: usize,
+) -> HeadOf {
+    let t = x.shape(1);
+    let heads = x.shape(2);
+    let per_row = (rows - t) / head_dim;
+    let head = CUBE_POS_Z as usize;
+    let mut entry = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let past_end = entry >= table.len() / 3;
+    if past_end {
+        entry = 0;
+    }
+    let token0 = usize::cast_from(table[entry * 3]);
+    let mut seq = usize::cast_from(table[entry * 3 + 1]);
+    let j = usize::cast_from(table[entry * 3 + 2]);
+    if past_end {
+        seq = 0;
+    }
+    let row = token0 / t;
+    let local = token0 - row * t;
+    let row_stride = heads * head_dim;
+    let block = (row * heads + head) * rows * head_dim; // (b, h) of the bundle
+    HeadOf {
+        seq,
+        bh: (row * per_row + j) * heads + head,
+        row_stride,
+        base: token0 * row_stride + head * head_dim,
+        out_base: block + local * head_dim,
+        final_base: block + (t + j * head_dim) * head_dim,
+        u: UNIT_POS_X as usize,
+        units: CUBE_DIM_X as usize,
+    }
+}
+
+/// [`load_rows`] of `at`'s sequence and head, unscaled: token rows `first..first + rows`
+/// (exponentiated when `exp`; zero past the sequence's end, never another sequence's rows). The
+/// caller synchronises.
+#[cube]
+pub(crate) fn load_sequence_rows<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut Shared<[f32]>,
+    at: &HeadOf,
+    first: usize,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] exp: bool,
+) {
+    load_rows::<F>(
+        src,
+        tile,
+        at.base,
+        at.row_stride,
+        first,
+        at.seq,
+        1.0,
+        rows,
+        head_dim,
+        exp,
+    );
 }
 
 /// Where one cube of a FlashRelation kernel works: a tile of `block` consecutive rows of one
@@ -296,23 +372,48 @@ pub(crate) struct SequenceTiles {
 const MAX_CUBES_PER_DIM: usize = 32_768;
 
 impl SequenceTiles {
-    /// The table of `sequences` (`(first token, length)`) in tiles of `block` rows, on `like`'s
-    /// device, for `heads` heads.
+    /// The table of `sequences` in tiles of `block` rows, `(first token, length, first row)`, on
+    /// `like`'s device, for `heads` heads.
     pub fn new(
         like: &CubeTensor,
-        sequences: &[(usize, usize)],
+        sequences: &[crate::tile::Sequence],
         block: usize,
         heads: usize,
     ) -> Self {
-        let mut table: Vec<u32> = Vec::new();
-        for &(start, len) in sequences {
-            for first in (0..len).step_by(block) {
-                table.extend([start, len, first].map(|v| {
-                    u32::try_from(v)
-                        .expect("token index fits u32 (no device buffer holds 2^32 rows)")
-                }));
-            }
-        }
+        let triples = sequences.iter().flat_map(|seq| {
+            (0..seq.len)
+                .step_by(block)
+                .map(move |first| [seq.start, seq.len, first])
+        });
+        Self::from_triples(like, triples, heads)
+    }
+
+    /// One entry per sequence, whole: `(first token, length, index within its row)` for the
+    /// Linear Relation kernels ([`head_of_sequence`]), `per_row` sequences per row.
+    pub fn sequences(
+        like: &CubeTensor,
+        sequences: &[crate::tile::Sequence],
+        per_row: usize,
+        heads: usize,
+    ) -> Self {
+        let triples = sequences
+            .iter()
+            .enumerate()
+            .map(|(n, seq)| [seq.start, seq.len, n % per_row]);
+        Self::from_triples(like, triples, heads)
+    }
+
+    fn from_triples(
+        like: &CubeTensor,
+        triples: impl Iterator<Item = [usize; 3]>,
+        heads: usize,
+    ) -> Self {
+        let table: Vec<u32> = triples
+            .flatten()
+            .map(|v| {
+                u32::try_from(v).expect("token index fits u32 (no device buffer holds 2^32 rows)")
+            })
+            .collect();
         let tiles = table.len() / 3;
         let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
         let handle = like.client.create_from_slice(&bytes);
@@ -329,22 +430,6 @@ impl SequenceTiles {
             table,
             count: CubeCount::Static(x as u32, y as u32, heads as u32),
         }
-    }
-}
-
-/// The sequences of a FlashRelation call: `B` rows of `T` tokens, or the segments of a packed
-/// row, as `(first token, length)`.
-pub(crate) fn sequences(
-    segments: Option<&relation_core::Segments>,
-    batch: usize,
-    seq: usize,
-) -> Vec<(usize, usize)> {
-    match segments {
-        Some(s) => s
-            .bounds()
-            .map(|(start, end)| (start, end - start))
-            .collect(),
-        None => (0..batch).map(|b| (b * seq, seq)).collect(),
     }
 }
 

@@ -7,10 +7,12 @@ pub(crate) mod cube;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
 
+#[cfg(any(feature = "flex", feature = "cube"))]
 use relation_core::Segments;
 
 /// One independent sequence of a `[B, T, H, _]` input: its first row among the `B·T` rows and
 /// its length. Kernels loop over `(sequence, head)` and never look past a sequence's rows.
+#[cfg(any(feature = "flex", feature = "cube"))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Sequence {
     /// First row, counted over the flattened `B·T` rows.
@@ -21,6 +23,7 @@ pub(crate) struct Sequence {
 
 /// The sequences of a `[B, T, …]` input: `B` sequences of `T` rows, or, packed (`B = 1`), one per
 /// segment.
+#[cfg(any(feature = "flex", feature = "cube"))]
 pub(crate) fn sequences(b: usize, t: usize, segments: Option<&Segments>) -> Vec<Sequence> {
     match segments {
         Some(segments) => segments
