@@ -91,6 +91,26 @@ pub enum ModelError {
         /// Which tensors are missing, unused or mis-shaped.
         reason: String,
     },
+    /// Activation checkpointing asked of a model with a RealFormer layer, whose carried scores
+    /// cross blocks (each block is recomputed alone).
+    #[error(
+        "activation checkpointing recomputes one block at a time, but layer {layer} is RealFormer \
+         (`R`), whose scores carry into the next block: train this pattern without it"
+    )]
+    CheckpointingRealFormer {
+        /// Index of the first `R` layer.
+        layer: usize,
+    },
+    /// A training pass that takes gradients asked on a device without autodiff.
+    #[error(
+        "{what} takes gradients: it needs an autodiff device (`device.autodiff()`), got {device}"
+    )]
+    NotAutodiff {
+        /// The operation.
+        what: &'static str,
+        /// The device given.
+        device: String,
+    },
     /// An operator refused its inputs.
     #[error(transparent)]
     Kernel(#[from] KernelError),

@@ -7,10 +7,13 @@
 //!   mixers share ([`layers::RelationProjection`], [`layers::LogDecayGate`]) and SwiGLU.
 //! - [`model`] holds [`RelationLm`], its blocks, save/load and safetensors export/import.
 //! - [`cache`] holds the per-layer caches of incremental decoding ([`LmCache`]).
+//! - [`checkpointed`] holds the training pass with activation checkpointing and a chunked loss
+//!   ([`RelationLm::checkpointed_step`], [`CheckpointedStep`]).
 //! - [`generate`] holds sampling ([`Sampling`]).
 //! - [`error`] holds [`ModelError`].
 
 pub mod cache;
+pub mod checkpointed;
 pub mod config;
 pub mod error;
 pub mod generate;
@@ -20,6 +23,7 @@ pub mod learner;
 pub mod model;
 
 pub use cache::{LayerCache, LmCache};
+pub use checkpointed::{CheckpointedStep, DEFAULT_LOSS_CHUNK};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};
 pub use generate::Sampling;

@@ -78,8 +78,8 @@ type PackedScores = Vec<Option<Tensor<4>>>;
 impl Mixer {
     /// Forward of a packed row of documents (`[1, total, d]`), each document as if alone.
     ///
-    /// `F` and `L` run their packed kernels over the whole row (one FlashRelation launch per
-    /// layer on Flex and CubeCL for `F`); `A` runs block-diagonal causal attention (masked equal
+    /// `F` and `L` run their packed kernels over the whole row (one launch per layer on Flex
+    /// and CubeCL); `A` runs block-diagonal causal attention (masked equal
     /// rows or one call per document, whichever costs less); `R`, `N` and `K` run each segment
     /// through their ordinary forward (RealFormer's carried scores, retention's and KDA's states
     /// per document), exactly, at one call per segment.
@@ -139,6 +139,31 @@ pub struct Block {
     pub norm_ffn: RmsNorm,
     /// SwiGLU FFN.
     pub ffn: SwiGlu,
+}
+
+impl Block {
+    /// The block over `[B, T, d]` rows (`segments = None`) or over a packed row of documents,
+    /// each alone, with no RealFormer scores carried in (what activation checkpointing
+    /// recomputes; see [`crate::checkpointed`]).
+    ///
+    /// # Shapes
+    /// - `x`, output: `[B, T, d]` (packed: `[1, total, d]`)
+    pub(crate) fn forward_rows(
+        &self,
+        x: Tensor<3>,
+        segments: Option<&Segments>,
+    ) -> Result<Tensor<3>> {
+        let mixed = norm(&self.norm_mixer, x.clone())?;
+        let mixed = match segments {
+            None => self.mixer.forward(mixed, None, &mut None)?,
+            Some(segments) => {
+                self.mixer
+                    .forward_packed(mixed, segments, &mut vec![None; segments.count()])?
+            }
+        };
+        let h = x + mixed;
+        Ok(h.clone() + self.ffn.forward(norm(&self.norm_ffn, h)?)?)
+    }
 }
 
 /// A decoder-only language model whose layers mix tokens with Relation (or, for baselines,
@@ -267,6 +292,15 @@ impl ModuleMapper for CastParams {
     }
 }
 
+/// `module` with its float parameters cast to `dtype` (a graph of casts onto its parameters on
+/// an autodiff device, see [`RelationLm::cast_params`]), or a plain copy for `None`.
+pub(crate) fn compute_copy<M: Module>(module: &M, dtype: Option<FloatDType>) -> M {
+    match dtype {
+        Some(dtype) => module.clone().map(&mut CastParams(dtype)),
+        None => module.clone(),
+    }
+}
+
 impl RelationLm {
     /// A copy of this model whose float parameters are cast to `dtype` (f16, bf16, or f32 for an
     /// unchanged copy): mixed-precision training's compute copy.
@@ -286,17 +320,31 @@ impl RelationLm {
         self.embedding.weight.val().dims()[0]
     }
 
-    /// Logits from hidden states with the tied embedding: `h E^T`.
+    /// Logits from hidden states with the tied embedding: `norm(h) E^T`.
     fn logits(&self, h: Tensor<3>) -> Result<Tensor<3>> {
         let [b, t, d] = h.dims();
-        let e = self.embedding.weight.val(); // [V, d]
         // One [B·T, d] x [d, V] product reading the tied embedding in place (`x Eᵀ`): its
         // weight gradient is a single GEMM over all tokens rather than B products summed
         // afterwards (see `layers::dense`).
-        let h = norm(&self.norm, h)?.reshape([b * t, d]); // [B, T, d] -> [B·T, d]
-        let logits = relation_kernels::dense(h, e, WeightLayout::OutIn, Strategy::Auto)?; // [B·T, V]
+        let logits = self.head_rows(h.reshape([b * t, d]))?; // [B, T, d] -> [B·T, d] -> [B·T, V]
         let v = logits.dims()[1];
         Ok(logits.reshape([b, t, v])) // [B·T, V] -> [B, T, V]
+    }
+
+    /// The head over rows of hidden states: final norm, then the tied embedding, `norm(h) E^T`.
+    ///
+    /// # Shapes
+    /// - `h`: `[N, d]`, output: `[N, V]`
+    pub(crate) fn head_rows(&self, h: Tensor<2>) -> Result<Tensor<2>> {
+        let [n, d] = h.dims();
+        let e = self.embedding.weight.val(); // [V, d]
+        let h = norm(&self.norm, h.reshape([1, n, d]))?.reshape([n, d]); // [N, d] -> [1, N, d] -> [N, d]
+        Ok(relation_kernels::dense(
+            h,
+            e,
+            WeightLayout::OutIn,
+            Strategy::Auto,
+        )?) // [N, V]
     }
 
     /// Next-token logits for every position.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The 3.7M model's training speed on packed documents against windows, interleaved: ROUNDS rounds
-# of (Relation, MHA) x (--packing documents, --packing windows) at T = 256 (batch 16) and
+# of (Relation, Linear Relation, MHA) x (--packing documents, --packing windows) at T = 256 (batch 16) and
 # T = 1024 (batch 4), 4,096 tokens per step, on the paragraphs of Austen and Moby Dick as
 # documents (~90 tokens each); then each one's median. Both layouts train on the same tokens, so
 # tokens/s is useful tokens/s for both.
@@ -25,7 +25,7 @@ keys=()
 for _ in $(seq "$ROUNDS"); do
   for shape in "256 16" "1024 4"; do
     set -- $shape
-    for variant in "F:--preset cpu --pattern F" "A:--preset cpu-mha"; do
+    for variant in "F:--preset cpu --pattern F" "L:--preset cpu --pattern L" "A:--preset cpu-mha"; do
       for packing in documents windows; do
         key="T $1 | ${variant%%:*} | $packing"
         [ -n "${all[$key]+x}" ] || keys+=("$key")

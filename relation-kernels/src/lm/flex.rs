@@ -121,9 +121,14 @@ pub(crate) fn rope(
     let [b, t, h, d] = dims4(&x);
     let dtype = x.dtype();
     let shape = x.layout().shape().clone();
-    // cos φ and sin φ of every row's position (restarting at each segment of a packed row),
-    // [T, D/2] each, rounded to f32 as the reference's upload rounds them.
-    let (cos, sin) = relation_core::rope::rope_angles_at(positions.rows(t).into_iter(), d, base);
+    // cos φ and sin φ of each distinct position (a packed row's positions restart at every
+    // segment, so its table is as long as its longest segment, not the row), [P, D/2] each,
+    // rounded to f32 as the reference's upload rounds them; `at[row]` indexes it.
+    let rows = positions.rows(t); // position of each of the T rows
+    let first_pos = rows.iter().copied().min().unwrap_or(0);
+    let last_pos = rows.iter().copied().max().unwrap_or(0);
+    let at: Vec<usize> = rows.iter().map(|&p| p - first_pos).collect();
+    let (cos, sin) = relation_core::rope::rope_angles_at(first_pos..last_pos + 1, d, base);
     let cos: Vec<f32> = cos.iter().map(|&c| c as f32).collect();
     let sin: Vec<f32> = sin.iter().map(|&s| s as f32).collect();
     let token = h * d;
@@ -141,6 +146,7 @@ pub(crate) fn rope(
                     x,
                     first: task * ROPE_TOKENS_PER_TASK,
                     t,
+                    at: &at,
                     h,
                     d,
                     cos: &cos,
@@ -153,12 +159,14 @@ pub(crate) fn rope(
 }
 
 /// A run of whole tokens of RoPE: `x`, `y` hold tokens `first..` (flattened over `B·T`), each
-/// `[H, D]`; `cos`, `sin` are `[T, D/2]`.
+/// `[H, D]`; `cos`, `sin` are `[P, D/2]` over the distinct positions, row `r` of a sequence
+/// (of `t`) at `at[r]`.
 struct RopeTokens<'a> {
     y: &'a mut [f32],
     x: &'a [f32],
     first: usize,
     t: usize,
+    at: &'a [usize],
     h: usize,
     d: usize,
     cos: &'a [f32],
@@ -176,6 +184,7 @@ impl Vectorized for RopeTokens<'_> {
             x,
             first,
             t,
+            at,
             h,
             d,
             cos,
@@ -183,9 +192,10 @@ impl Vectorized for RopeTokens<'_> {
             inverse,
         } = self;
         let half = d / 2;
-        // Row r of the run is head r % H of token first + r / H, at position (that token) % T.
+        // Row r of the run is head r % H of token first + r / H, row (that token) % T of its
+        // sequence.
         for (r, (y, x)) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)).enumerate() {
-            let at = ((first + r / h) % t) * half;
+            let at = at[(first + r / h) % t] * half;
             let (c, s) = (&cos[at..at + half], &sin[at..at + half]);
             let (y_lo, y_hi) = y.split_at_mut(half);
             let (x_lo, x_hi) = x.split_at(half);

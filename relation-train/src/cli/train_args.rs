@@ -228,8 +228,9 @@ pub struct TrainingFlags {
     /// or bf16 (f32 master weights); the device must have the type.
     #[arg(long, value_enum)]
     pub precision: Option<Precision>,
-    /// Burn's gradient checkpointing: recompute memory-bound operations in the backward pass
-    /// instead of storing their outputs (less memory, the same gradients).
+    /// Keep only each block's input and recompute one block at a time in the backward pass; the
+    /// head and the loss over chunks of 4,096 tokens (memory for long sequences; one more
+    /// forward pass of the blocks).
     #[arg(long)]
     pub activation_checkpointing: bool,
 }

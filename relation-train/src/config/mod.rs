@@ -241,10 +241,11 @@ pub struct TrainSpec {
     /// The dtype of the forward and backward passes: `f32`, or `f16` / `bf16` with f32 master
     /// weights (and dynamic loss scaling for f16); see [`crate::precision`].
     pub precision: Precision,
-    /// Burn's gradient checkpointing (`Device::gradient_checkpointing`, the balanced strategy):
-    /// the autodiff graph keeps the outputs of compute-bound operations and recomputes the
-    /// memory-bound ones (element-wise chains) in the backward pass instead of storing them.
-    /// Less memory, the same gradients, some recomputation.
+    /// Activation checkpointing per block (`relation_model::checkpointed`): the forward pass
+    /// keeps only each block's input, the backward pass recomputes one block at a time, and the
+    /// tied head and the loss run over chunks of tokens, so no `[T, V]` logits exist. Memory
+    /// for long sequences falls from every block's activations to one block's; the price is
+    /// one more forward pass. Not for patterns with RealFormer (`R`) layers.
     pub activation_checkpointing: bool,
 }
 

@@ -83,10 +83,9 @@ impl<'a> Run<'a> {
             });
         }
         let device_names = config.device_names();
-        let checkpointing = config.train.activation_checkpointing;
         let replicas = device_names
             .iter()
-            .map(|name| open_device(name, checkpointing))
+            .map(|name| open_device(name))
             .collect::<Result<Vec<Device>>>()?;
         config.train.precision.check(&replicas)?;
         let reduction = Reduction::open(config.reduce, &device_names, &replicas)?;
@@ -249,10 +248,9 @@ fn write_or_check_identity(
     Ok(())
 }
 
-/// One `--device` name as an autodiff device (with Burn's gradient checkpointing when
-/// `checkpointing`), telling the trace which path the model's Relation layers take there (they
-/// ask for [`relation_kernels::Strategy::Auto`]).
-fn open_device(name: &str, checkpointing: bool) -> Result<Device> {
+/// One `--device` name as an autodiff device, telling the trace which path the model's Relation
+/// layers take there (they ask for [`relation_kernels::Strategy::Auto`]).
+fn open_device(name: &str) -> Result<Device> {
     let device = parse_device(name)?;
     tracing::info!(
         device = name,
@@ -263,12 +261,7 @@ fn open_device(name: &str, checkpointing: bool) -> Result<Device> {
         },
         "device"
     );
-    let device = device.autodiff();
-    Ok(if checkpointing {
-        device.gradient_checkpointing()
-    } else {
-        device
-    })
+    Ok(device.autodiff())
 }
 
 /// The Relation switches that differ from the paper's defaults (ablations), as ` (…)`, or

@@ -10,7 +10,7 @@ use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, FloatDType, Int, Tensor, TensorData};
 use relation_core::Segments;
-use relation_model::RelationLm;
+use relation_model::{CheckpointedStep, RelationLm};
 
 use super::collective::{Meeting, Reduction, all_reduce_grads};
 use super::{OnNan, Trainer};
@@ -209,6 +209,28 @@ fn micro_step(
     };
     let x = Tensor::<2, Int>::from_data(TensorData::new(batch.inputs, shape), device);
     let y = Tensor::<2, Int>::from_data(TensorData::new(batch.targets, shape), device);
+    if t.activation_checkpointing {
+        // Only the blocks' inputs kept, one block recomputed at a time in the backward pass,
+        // the head and the loss over chunks of tokens (see relation_model::checkpointed).
+        let (loss, grads) = model.checkpointed_step(
+            x,
+            y,
+            CheckpointedStep {
+                segments: segments.as_ref(),
+                loss_factor: scale / accumulation as f64,
+                compute_dtype: match t.precision {
+                    Precision::F32 => None,
+                    half => Some(half.dtype()),
+                },
+                ..CheckpointedStep::default()
+            },
+        )?;
+        tracing::debug!(
+            ms = start.elapsed().as_secs_f64() * 1e3,
+            "micro-batch (checkpointed)"
+        );
+        return Ok((loss.div_scalar(accumulation as f64).autodiff(), grads));
+    }
     let forward = |model: &RelationLm| match &segments {
         Some(segments) => model.forward_packed(x.clone(), segments),
         None => model.forward(x.clone()),

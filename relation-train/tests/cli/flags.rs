@@ -208,9 +208,10 @@ fn tokens_per_step_not_a_whole_number_of_micro_batches_is_refused() {
     }
 }
 
-/// `--activation-checkpointing` (Burn's balanced gradient checkpointing) recomputes instead of
-/// storing: the same losses and gradient norms, bit for bit, for Relation and Linear Relation
-/// layers.
+/// `--activation-checkpointing` (only the blocks' inputs kept, one block recomputed at a time,
+/// the loss over chunks of tokens) trains the same steps: the same losses, gradient norms and
+/// validation losses, bit for bit, for Relation and Linear Relation layers, on rows of windows
+/// and on packed documents.
 #[test]
 fn activation_checkpointing_gives_the_same_steps() {
     let tmp = tempfile::tempdir().unwrap();
@@ -224,11 +225,17 @@ fn activation_checkpointing_gives_the_same_steps() {
         ok(&args);
         rows(&dir)
     };
-    let plain = run("plain", &[]);
-    let checkpointed = run("checkpointed", &["--activation-checkpointing"]);
-    for (a, b) in plain.iter().zip(&checkpointed) {
-        for key in ["loss", "grad_norm", "val_loss"] {
-            assert_eq!(a[key], b[key], "{key} at step {}", a["step"]);
+    for packing in ["windows", "documents"] {
+        let plain = run(&format!("plain-{packing}"), &["--packing", packing]);
+        let checkpointed = run(
+            &format!("checkpointed-{packing}"),
+            &["--packing", packing, "--activation-checkpointing"],
+        );
+        assert_eq!(plain.len(), checkpointed.len(), "{packing}: metrics rows");
+        for (a, b) in plain.iter().zip(&checkpointed) {
+            for key in ["loss", "grad_norm", "val_loss"] {
+                assert_eq!(a[key], b[key], "{packing}: {key} at step {}", a["step"]);
+            }
         }
     }
 }
