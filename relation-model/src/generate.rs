@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use burn::tensor::{Int, Tensor, TensorData};
 use relation_core::rng::SplitMix64;
 
+use crate::cache::LmCache;
 use crate::error::{ModelError, Result};
 use crate::model::RelationLm;
 
@@ -102,10 +103,52 @@ impl Sampling {
     }
 }
 
+/// Prompt tokens per forward pass when [`RelationLm::generate`] prefills a prompt: bounds the
+/// prefill's logits and activations to this many rows, whatever the prompt's length.
+pub const PREFILL_CHUNK: usize = 2048;
+
 impl RelationLm {
+    /// Feeds `tokens` into `cache`, `chunk` tokens per forward pass (the last pass may be
+    /// shorter), and returns the logits after the last token: the start of decoding. Memory is
+    /// that of one chunk plus the cache, for prompts of any length (a Linear Relation layer's
+    /// cache is one `D x D` state per head; a Relation or attention layer's grows with the
+    /// prompt).
+    ///
+    /// # Shapes
+    /// - `tokens`: `[B, n]`, output: `[B, V]`
+    ///
+    /// # Errors
+    /// [`ModelError::Zero`] for an empty prompt or a chunk of 0; as
+    /// [`RelationLm::forward_cached`].
+    pub fn prefill(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut LmCache,
+        chunk: usize,
+    ) -> Result<Tensor<2>> {
+        let [_, n] = tokens.dims();
+        if n == 0 {
+            return Err(ModelError::Zero {
+                name: "prompt length",
+            });
+        }
+        if chunk == 0 {
+            return Err(ModelError::Zero {
+                name: "prefill chunk",
+            });
+        }
+        let mut last = None;
+        for start in (0..n).step_by(chunk) {
+            let len = chunk.min(n - start);
+            let logits = self.forward_cached(tokens.clone().narrow(1, start, len), cache)?; // [B, len, V]
+            last = Some(logits.narrow(1, len - 1, 1).squeeze_dim::<2>(1)); // [B, V]
+        }
+        Ok(last.expect("at least one chunk"))
+    }
+
     /// Continues every prompt by up to `sampling.max_new_tokens` tokens (fewer where a
-    /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache in one pass
-    /// and then decoding token by token. Prompts of equal length run as one batch; prompts of
+    /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache in chunks of
+    /// [`PREFILL_CHUNK`] tokens ([`RelationLm::prefill`]) and then decoding token by token. Prompts of equal length run as one batch; prompts of
     /// different lengths run as one batch per length, one after another (a single ragged batch
     /// would need per-row positions and key masks in every cached mixer, which the caches do not
     /// have yet).
@@ -178,17 +221,11 @@ impl RelationLm {
                 .collect();
             let mut cache = self.new_cache();
             let mut live = vec![true; batch];
-            let mut input =
-                Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, len]), &device); // [batch, len]
-            for _ in 0..sampling.max_new_tokens {
-                let logits = self.forward_cached(input, &mut cache)?; // [batch, n, V]
-                let n = logits.dims()[1];
-                let last: Vec<f32> = logits
-                    .narrow(1, n - 1, 1)
-                    .into_data()
-                    .iter::<f32>()
-                    .collect(); // [batch * V]
-                let next: Vec<u32> = last
+            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, len]), &device); // [batch, len]
+            let mut last = self.prefill(ids, &mut cache, PREFILL_CHUNK)?; // [batch, V]
+            for step in 0..sampling.max_new_tokens {
+                let logits: Vec<f32> = last.into_data().iter::<f32>().collect(); // [batch * V]
+                let next: Vec<u32> = logits
                     .chunks(vocab)
                     .map(|row| sampling.draw(row, &mut rng))
                     .collect();
@@ -200,13 +237,15 @@ impl RelationLm {
                         live[row] = false;
                     }
                 }
-                if !live.contains(&true) {
+                if !live.contains(&true) || step + 1 == sampling.max_new_tokens {
                     break;
                 }
                 // Finished rows keep decoding (their tokens are dropped) so the batch stays one
                 // tensor.
                 let next: Vec<i64> = next.iter().map(|&t| t as i64).collect();
-                input = Tensor::from_data(TensorData::new(next, [batch, 1]), &device); // [batch, 1]
+                let input = Tensor::from_data(TensorData::new(next, [batch, 1]), &device); // [batch, 1]
+                let logits = self.forward_cached(input, &mut cache)?; // [batch, 1, V]
+                last = logits.squeeze_dim::<2>(1); // [batch, V]
             }
         }
         Ok(())

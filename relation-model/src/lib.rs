@@ -26,7 +26,7 @@ pub use cache::{LayerCache, LmCache};
 pub use checkpointed::{CheckpointedStep, DEFAULT_LOSS_CHUNK};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};
-pub use generate::Sampling;
+pub use generate::{PREFILL_CHUNK, Sampling};
 pub use layers::{
     CausalSelfAttention, CausalSelfAttentionConfig, KimiDeltaAttention, KimiDeltaAttentionConfig,
     LinearRelation, LinearRelationConfig, LogDecayGate, LogDecayGateConfig, MultiHeadRelation,

@@ -236,7 +236,12 @@ pub fn plots(runs: &[RunCurve], baseline: &str, out: &Path) -> std::result::Resu
         .caption("validation loss (nats / token)", ("sans-serif", 22))
         .x_label_area_size(40)
         .y_label_area_size(60)
-        .build_cartesian_2d(0.0..max_step, lo.min(hi - 1e-3)..hi)
+        // 4 % of the range below the lowest curve and above the highest, so neither touches the
+        // frame.
+        .build_cartesian_2d(0.0..max_step, {
+            let pad = ((hi - lo) * 0.04).max(1e-3);
+            (lo - pad)..(hi + pad)
+        })
         .map_err(|e| err(&e))?;
     chart
         .configure_mesh()
@@ -335,4 +340,140 @@ pub fn plots(runs: &[RunCurve], baseline: &str, out: &Path) -> std::result::Resu
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// One row of `scripts/bench/long-context.sh`'s CSV that ran to the end.
+struct LongContextRow {
+    pattern: String,
+    checkpointed: bool,
+    seq_len: f64,
+    tokens_per_s: f64,
+    peak_gib: f64,
+}
+
+/// One panel of the long-context plot: caption, unit, the value of a row.
+type Panel = (&'static str, &'static str, fn(&LongContextRow) -> f64);
+
+/// Reads the finished rows of a long-context CSV
+/// (`pattern,mode,seq_len,status,s_per_step,tokens_per_s,peak_rss_mib`).
+fn read_long_context(csv: &Path) -> Result<Vec<LongContextRow>> {
+    let text = fs::read_to_string(csv).map_err(io(csv))?;
+    let mut rows = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() < 7 || f[3] != "ok" {
+            continue;
+        }
+        let num = |s: &str| s.parse::<f64>().ok();
+        if let (Some(t), Some(rate), Some(rss)) = (num(f[2]), num(f[5]), num(f[6])) {
+            rows.push(LongContextRow {
+                pattern: f[0].to_string(),
+                checkpointed: f[1] == "checkpointed",
+                seq_len: t,
+                tokens_per_s: rate,
+                peak_gib: rss / 1024.0,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Writes `long-context.png` into `out`: training tokens/s (left) and peak resident memory
+/// (right) against the sequence length (log scale), one colour per pattern, solid with
+/// activation checkpointing and dashed without.
+///
+/// # Errors
+/// An unreadable CSV; plotting or file errors.
+pub fn long_context_plot(csv: &Path, out: &Path) -> Result<PathBuf> {
+    use plotters::prelude::*;
+    let rows = read_long_context(csv)?;
+    if rows.is_empty() {
+        return Err(TrainError::Data(format!(
+            "{} has no finished long-context row",
+            csv.display()
+        )));
+    }
+    crate::metrics::register_font();
+    let path = out.join("long-context.png");
+    let draw = || -> std::result::Result<(), Box<dyn std::error::Error>> {
+        let mut patterns: Vec<&str> = Vec::new();
+        for r in &rows {
+            if !patterns.contains(&r.pattern.as_str()) {
+                patterns.push(&r.pattern);
+            }
+        }
+        let colour =
+            |p: &str| Palette99::pick(patterns.iter().position(|x| *x == p).unwrap_or(0)).to_rgba();
+        // The x axis is log2(T), one grid line per power of two, labelled in K tokens.
+        let (t_lo, t_hi) = rows.iter().fold((f64::INFINITY, 0.0f64), |(a, b), r| {
+            (a.min(r.seq_len.log2()), b.max(r.seq_len.log2()))
+        });
+        let root = BitMapBackend::new(&path, (1200, 560)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let panels = root.split_evenly((1, 2));
+        let series: [Panel; 2] = [
+            ("training tokens / s (batch 1)", "tokens / s", |r| {
+                r.tokens_per_s
+            }),
+            ("peak resident memory", "GiB", |r| r.peak_gib),
+        ];
+        for (panel, (caption, unit, value)) in panels.iter().zip(series) {
+            let y_hi = rows.iter().map(value).fold(0.0f64, f64::max) * 1.1;
+            let mut chart = ChartBuilder::on(panel)
+                .margin(20)
+                .caption(caption, ("sans-serif", 22))
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(t_lo - 0.4..t_hi + 0.4, 0.0..y_hi)?;
+            chart
+                .configure_mesh()
+                .x_desc("sequence length T (tokens, log scale)")
+                .y_desc(unit)
+                .x_labels((t_hi - t_lo) as usize + 2)
+                .x_label_formatter(&|x| format!("{}K", (x.exp2() / 1024.0).round()))
+                .draw()?;
+            for p in &patterns {
+                for checkpointed in [true, false] {
+                    let mut pts: Vec<(f64, f64)> = rows
+                        .iter()
+                        .filter(|r| r.pattern == *p && r.checkpointed == checkpointed)
+                        .map(|r| (r.seq_len.log2(), value(r)))
+                        .collect();
+                    if pts.is_empty() {
+                        continue;
+                    }
+                    pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                    let c = colour(p);
+                    let label = format!(
+                        "{p}, {}",
+                        if checkpointed {
+                            "checkpointing"
+                        } else {
+                            "plain"
+                        }
+                    );
+                    let style = c.stroke_width(2);
+                    let drawn = if checkpointed {
+                        chart.draw_series(LineSeries::new(pts.clone(), style))?
+                    } else {
+                        chart.draw_series(DashedLineSeries::new(pts.clone(), 8, 5, style))?
+                    };
+                    drawn.label(label).legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                    });
+                    chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, c.filled())))?;
+                }
+            }
+            chart
+                .configure_series_labels()
+                .position(SeriesLabelPosition::UpperLeft)
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+        }
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| TrainError::Data(format!("plotting {}: {e}", path.display())))?;
+    Ok(path)
 }

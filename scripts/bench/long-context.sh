@@ -6,7 +6,8 @@
 # resident memory. A run that passes $LIMIT_S seconds or $MEM_GIB GiB of resident memory is
 # stopped and recorded as such (the next length of that pattern and mode is then skipped).
 #
-#   scripts/bench/long-context.sh                  # rows appended to $OUT (CSV), table on stdout
+#   scripts/bench/long-context.sh                  # rows appended to $OUT (CSV), table on stdout,
+#                                                  # plot beside $OUT (long-context.png)
 #   LENGTHS="4096 16384" PATTERNS=L scripts/bench/long-context.sh
 #
 # Needs the release `relation` binary (`cargo build --release -p relation-train`). Resumable:
@@ -106,3 +107,4 @@ for r in csv.DictReader(open(sys.argv[1])):
         cells = [r["status"], "", rss]
     print(f"| {r['pattern']} | {ckpt} | {int(r['seq_len']):,} | " + " | ".join(cells) + " |")
 PY
+"$BIN" report --long-context "$OUT" --out "$(dirname "$OUT")" >&2 || echo "(no plot)" >&2

@@ -43,6 +43,47 @@ fn check_cached_decoding_of(
             tol,
         );
     }
+    // `prefill` in chunks of 5 (the last one short) gives the full forward's last logits.
+    let mut cache = lm.new_cache();
+    let last = lm.prefill(ids.clone(), &mut cache, 5).unwrap(); // [2, V]
+    assert_eq!(cache.len(), seq);
+    assert_close(
+        &format!("pattern {pattern}, prefill in chunks of 5"),
+        &last,
+        &full.narrow(1, seq - 1, 1).squeeze_dim::<2>(1),
+        tol,
+    );
+}
+
+#[test]
+fn prefill_refuses_empty_prompts_and_chunks() {
+    let device = Device::flex();
+    let lm = model(&tiny("L", 1), &device);
+    let ids = tokens(1, 4, 97, 3, &device);
+    let err = lm.prefill(ids.clone(), &mut lm.new_cache(), 0).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::Zero {
+                name: "prefill chunk"
+            }
+        ),
+        "{err}"
+    );
+    let empty = Tensor::<2, Int>::from_data(
+        burn::tensor::TensorData::new(Vec::<i64>::new(), [1, 0]),
+        &device,
+    );
+    let err = lm.prefill(empty, &mut lm.new_cache(), 4).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ModelError::Zero {
+                name: "prompt length"
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

@@ -30,10 +30,15 @@ pub struct GenerateArgs {
     /// printed). Generation always ends at the end-of-text token.
     #[arg(long = "stop", value_name = "TEXT")]
     pub stop: Vec<String>,
-    /// A prompt longer than the run's context (train.seq_len tokens) is refused unless this
-    /// is given; then only its last seq_len tokens are used.
+    /// A prompt longer than the context (--max-context, default the run's train.seq_len
+    /// tokens) is refused unless this is given; then only its last tokens are used.
     #[arg(long)]
     pub truncate_prompt: bool,
+    /// The longest prompt accepted, in tokens (default: the run's train.seq_len). A Linear
+    /// Relation model (pattern `L`) reads any length in constant memory per token; positions
+    /// past the trained context extrapolate, so quality there is not guaranteed.
+    #[arg(long, value_name = "TOKENS")]
+    pub max_context: Option<usize>,
     /// Tokens to generate.
     #[arg(long, default_value_t = 200)]
     pub max_new_tokens: usize,
@@ -86,7 +91,8 @@ pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
             rule: "must encode to at least one token".into(),
         });
     }
-    let context = run.config.train.seq_len;
+    let trained = run.config.train.seq_len;
+    let context = args.max_context.unwrap_or(trained);
     let mut shown = text.clone();
     if prompt.len() > context {
         if !args.truncate_prompt {
@@ -94,7 +100,7 @@ pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
                 name: "--prompt",
                 value: format!("{} tokens", prompt.len()),
                 rule: format!(
-                    "is longer than the run's context of {context} tokens (train.seq_len); shorten it, or pass --truncate-prompt to use its last {context} tokens"
+                    "is longer than the context of {context} tokens (--max-context, default train.seq_len); shorten it, raise --max-context, or pass --truncate-prompt to use its last {context} tokens"
                 ),
             });
         }
@@ -102,9 +108,9 @@ pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
         shown = format!("…{}", data::decode(&run.tokenizer, &prompt)?);
         eprintln!("note: the prompt was cut to its last {context} tokens (--truncate-prompt)");
     }
-    if prompt.len() + args.max_new_tokens > context {
+    if prompt.len() + args.max_new_tokens > trained {
         eprintln!(
-            "note: positions past {context} (the trained context) extrapolate; quality may drop there"
+            "note: positions past {trained} (the trained context) extrapolate; quality may drop there"
         );
     }
     if !(args.top_p > 0.0 && args.top_p <= 1.0) {

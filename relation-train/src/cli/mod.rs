@@ -94,9 +94,13 @@ pub enum ResumeMode {
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// Folder holding the runs (`<variant>-s<seed>/`).
-    #[arg(value_name = "DIR")]
-    pub runs: PathBuf,
-    /// Where `table.md`, `val.png` and `gap.png` go (created).
+    #[arg(value_name = "DIR", required_unless_present = "long_context")]
+    pub runs: Option<PathBuf>,
+    /// Instead of runs: plot the CSV of `scripts/bench/long-context.sh` (tokens/s and peak
+    /// memory against the sequence length) into `long-context.png`.
+    #[arg(long, value_name = "CSV", conflicts_with = "runs")]
+    pub long_context: Option<PathBuf>,
+    /// Where `table.md`, `val.png` and `gap.png` (or `long-context.png`) go (created).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// The variant the others are compared with.
@@ -168,14 +172,23 @@ fn new_run_dir(preset: &str) -> Result<PathBuf> {
 }
 
 fn run_report(args: &ReportArgs) -> Result<()> {
-    let runs = crate::report::read_runs(&args.runs)?;
+    std::fs::create_dir_all(&args.out).map_err(crate::error::io(&args.out))?;
+    let Some(dir) = &args.runs else {
+        let csv = args
+            .long_context
+            .as_ref()
+            .expect("clap: runs or --long-context");
+        let path = crate::report::long_context_plot(csv, &args.out)?;
+        println!("wrote {}", path.display());
+        return Ok(());
+    };
+    let runs = crate::report::read_runs(dir)?;
     if runs.is_empty() {
         return Err(TrainError::RunDir {
-            path: args.runs.clone(),
+            path: dir.clone(),
             reason: "holds no `<variant>-s<seed>` run with a metrics.csv".into(),
         });
     }
-    std::fs::create_dir_all(&args.out).map_err(crate::error::io(&args.out))?;
     let table = crate::report::table(&runs, &args.baseline);
     let path = args.out.join("table.md");
     std::fs::write(&path, &table).map_err(crate::error::io(&path))?;

@@ -92,13 +92,27 @@ fn generation_stops_at_end_of_text_streams_and_exports() {
         String::from_utf8(out.stdout).unwrap(),
         "the fox sat on the mat.\n"
     );
-    // A prompt longer than the context (32 tokens) is refused, or cut with --truncate-prompt.
+    // A prompt longer than the context (32 tokens) is refused, read whole with a larger
+    // --max-context, or cut with --truncate-prompt.
     let long = "the cat sat on the mat. ".repeat(12);
     fails_with(
         &generate(&["--prompt", &long]),
         &[],
-        "longer than the run's context of 32 tokens",
+        "longer than the context of 32 tokens",
     );
+    let out = relation(
+        &generate(&[
+            "--prompt",
+            &long,
+            "--max-context",
+            "4096",
+            "--max-new-tokens",
+            "3",
+        ]),
+        &[],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("extrapolate"), "{}", text(&out));
     let out = relation(
         &generate(&[
             "--prompt",

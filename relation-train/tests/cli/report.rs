@@ -50,3 +50,43 @@ fn report_tabulates_finished_runs() {
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png}");
     }
 }
+
+/// `relation report --long-context CSV` plots the finished rows of the long-context benchmark
+/// (failed rows are skipped); a CSV without one is refused.
+#[test]
+fn report_plots_the_long_context_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let csv = tmp.path().join("long-context.csv");
+    std::fs::write(
+        &csv,
+        "pattern,mode,seq_len,status,s_per_step,tokens_per_s,peak_rss_mib\n\
+         L,checkpointed,4096,ok,1.52,2698,302\n\
+         L,checkpointed,16384,ok,6.17,2656,655\n\
+         L,plain,4096,ok,1.10,3724,410\n\
+         L,plain,16384,over 20 GiB,,,20480\n\
+         F,checkpointed,4096,ok,2.0,2048,350\n",
+    )
+    .unwrap();
+    let out_dir = tmp.path().join("plots");
+    let report = |csv: &std::path::Path| {
+        vec![
+            "report".to_string(),
+            "--long-context".to_string(),
+            csv.to_str().unwrap().to_string(),
+            "--out".to_string(),
+            out_dir.to_str().unwrap().to_string(),
+        ]
+    };
+    let out = ok(&report(&csv));
+    assert!(out.contains("long-context.png"), "{out}");
+    let bytes = std::fs::read(out_dir.join("long-context.png")).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+
+    let empty = tmp.path().join("empty.csv");
+    std::fs::write(
+        &empty,
+        "pattern,mode,seq_len,status,s_per_step,tokens_per_s,peak_rss_mib\nL,plain,4096,over 20 GiB,,,20480\n",
+    )
+    .unwrap();
+    fails_with(&report(&empty), &[], "has no finished long-context row");
+}

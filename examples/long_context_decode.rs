@@ -1,0 +1,120 @@
+//! Long-context decoding: prefill speed, then decoding speed, cache size and resident memory at
+//! growing contexts, for the 3.7M model's widths (d 256, H 8, d_ff 512, 4 layers, vocab 4096)
+//! with random weights (speed and memory do not depend on what the weights learned).
+//!
+//! For each pattern the prompt is fed in chunks ([`RelationLm::prefill`]) up to each context
+//! length in turn, then `--new-tokens` tokens are decoded greedily one at a time. A Linear
+//! Relation layer's cache is one `D x D` state per head, so an `L` model's memory stays flat as
+//! the context grows; Relation and attention layers keep every token's keys and information.
+//!
+//! ```text
+//! cargo run --release -p relation-examples --example long_context_decode \
+//!     [-- --patterns L,LLLF --contexts 1024,10240,102400 --new-tokens 64]
+//! ```
+
+use std::time::Instant;
+
+use burn::tensor::{Int, Tensor, TensorData};
+use clap::Parser;
+use relation_core::rng::SplitMix64;
+use relation_kernels::device::parse_device;
+use relation_model::{RelationLm, RelationLmConfig};
+
+#[derive(Debug, Parser)]
+struct Args {
+    /// Device (flex, wgpu, cuda, …; its feature must be on).
+    #[arg(long, default_value = "flex")]
+    device: String,
+    /// Layer patterns, comma-separated.
+    #[arg(long, default_value = "L,LLLF", value_delimiter = ',')]
+    patterns: Vec<String>,
+    /// Context lengths at which decoding is measured, increasing, comma-separated.
+    #[arg(long, default_value = "1024,10240,102400", value_delimiter = ',')]
+    contexts: Vec<usize>,
+    /// Tokens decoded at each context length.
+    #[arg(long, default_value_t = 64)]
+    new_tokens: usize,
+    /// Prompt tokens per prefill pass.
+    #[arg(long, default_value_t = relation_model::PREFILL_CHUNK)]
+    chunk: usize,
+}
+
+/// The process's resident memory now, MiB (Linux; `None` elsewhere).
+fn rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in row.iter().enumerate() {
+        if x > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let device = parse_device(&args.device)?;
+    println!(
+        "Device {device:?}; d 256, H 8, d_ff 512, 4 layers, vocab 4096; prefill in chunks of {}, \
+         then {} tokens decoded greedily, batch 1",
+        args.chunk, args.new_tokens
+    );
+    println!(
+        "| pattern | context | prefill tok/s (this stretch) | decode tok/s | cache MiB | resident MiB |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for pattern in &args.patterns {
+        let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());
+        device.seed(0);
+        let lm: RelationLm = config.init(&device)?;
+        let mut cache = lm.new_cache();
+        let mut rng = SplitMix64::new(1);
+        let mut len = 0;
+        for &context in &args.contexts {
+            // Prefill from the current length up to `context` (random tokens).
+            let n = context.saturating_sub(len);
+            let mut last = None;
+            let start = Instant::now();
+            if n > 0 {
+                let ids: Vec<i64> = (0..n).map(|_| rng.below(4096) as i64).collect();
+                let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &device);
+                last = Some(lm.prefill(tokens, &mut cache, args.chunk)?); // [1, V]
+                len += n;
+            }
+            let prefill = n as f64 / start.elapsed().as_secs_f64();
+            // Decode.
+            let mut next = match last {
+                Some(logits) => argmax(&logits.into_data().try_to_vec::<f32>()?),
+                None => 0,
+            };
+            let start = Instant::now();
+            for _ in 0..args.new_tokens {
+                let input = Tensor::<2, Int>::from_data(
+                    TensorData::new(vec![i64::from(next)], [1, 1]),
+                    &device,
+                );
+                let logits = lm.forward_cached(input, &mut cache)?; // [1, 1, V]
+                next = argmax(&logits.into_data().try_to_vec::<f32>()?);
+            }
+            let decode = args.new_tokens as f64 / start.elapsed().as_secs_f64();
+            len += args.new_tokens;
+            println!(
+                "| {pattern} | {context} | {prefill:.0} | {decode:.1} | {:.1} | {} |",
+                cache.bytes() as f64 / (1024.0 * 1024.0),
+                rss_mib().map_or("?".into(), |m| format!("{m:.0}")),
+            );
+        }
+    }
+    Ok(())
+}
