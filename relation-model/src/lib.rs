@@ -10,12 +10,14 @@
 //! - [`checkpointed`] holds the training pass with activation checkpointing and a chunked loss
 //!   ([`RelationLm::checkpointed_step`], [`CheckpointedStep`]).
 //! - [`generate`] holds sampling ([`Sampling`]).
+//! - [`flops`] counts the model FLOPs per token ([`RelationLm::training_flops_per_token`]).
 //! - [`error`] holds [`ModelError`].
 
 pub mod cache;
 pub mod checkpointed;
 pub mod config;
 pub mod error;
+pub mod flops;
 pub mod generate;
 pub mod layers;
 #[cfg(feature = "burn-train")]

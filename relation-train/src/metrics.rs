@@ -41,6 +41,10 @@ pub struct Row {
     /// system does not report it, and in rows written before the metric existed).
     #[serde(default)]
     pub peak_rss_mib: Option<f64>,
+    /// Model FLOP/s of this step, GFLOP/s: tokens/s times the model's FLOPs per training token
+    /// (`relation_model::flops`). `None` in rows written before the metric existed.
+    #[serde(default)]
+    pub model_gflop_per_s: Option<f64>,
 }
 
 /// The peak resident set size of this process so far, in MiB: the kernel's high-water mark
@@ -58,13 +62,12 @@ fn nan_if_null<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<f6
     Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
 }
 
-const CSV_HEADER: &str =
-    "step,tokens,lr,loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_bpb,peak_rss_mib";
+const CSV_HEADER: &str = "step,tokens,lr,loss,grad_norm,tokens_per_s,elapsed_s,val_loss,val_ppl,val_bpb,peak_rss_mib,model_gflop_per_s";
 
 fn csv_line(r: &Row) -> String {
     let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v}"));
     format!(
-        "{},{},{},{},{},{:.1},{:.3},{},{},{},{}",
+        "{},{},{},{},{},{:.1},{:.3},{},{},{},{},{}",
         r.step,
         r.tokens,
         r.lr,
@@ -75,7 +78,9 @@ fn csv_line(r: &Row) -> String {
         opt(r.val_loss),
         opt(r.val_ppl),
         opt(r.val_bpb),
-        r.peak_rss_mib.map_or(String::new(), |v| format!("{v:.1}"))
+        r.peak_rss_mib.map_or(String::new(), |v| format!("{v:.1}")),
+        r.model_gflop_per_s
+            .map_or(String::new(), |v| format!("{v:.2}"))
     )
 }
 

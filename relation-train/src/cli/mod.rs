@@ -278,6 +278,11 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         config.device_names().join(" + "),
         summary.params as f64 / 1e6
     );
+    println!(
+        "model FLOP/s: {:.1} GFLOP/s ({:.1} MFLOP per training token)",
+        summary.tokens_per_s * summary.flops_per_token / 1e9,
+        summary.flops_per_token / 1e6
+    );
     if let Some(mib) = summary.peak_rss_mib {
         println!("peak resident memory: {mib:.0} MiB");
     }

@@ -37,7 +37,10 @@ impl Trainer<'_> {
             val_ppl: None,
             val_bpb: None,
             peak_rss_mib: None,
+            model_gflop_per_s: None,
         };
+        let rate = row.tokens_per_s * self.size.flops_per_token / 1e9;
+        row.model_gflop_per_s = Some(rate);
         if step.is_multiple_of(t.eval_every) || step == t.steps {
             self.evaluate(model, &mut row)?;
         }
@@ -45,7 +48,7 @@ impl Trainer<'_> {
         row.peak_rss_mib = crate::metrics::peak_rss_mib();
         if step.is_multiple_of(self.run.t.log_every) || step == self.end {
             self.say(&format!(
-                "step {step:>6} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tok/s | {} tokens",
+                "step {step:>6} | loss {loss:.4} | lr {lr:.2e} | grad norm {grad_norm:.3} | {:.0} tok/s | {rate:.1} GFLOP/s | {} tokens",
                 row.tokens_per_s, tokens_seen
             ));
         }

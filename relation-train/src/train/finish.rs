@@ -39,7 +39,8 @@ impl Trainer<'_> {
             validation: self.validation,
             sample,
             checkpoint: p.checkpoint_dir,
-            params: self.params,
+            params: self.size.params,
+            flops_per_token: self.size.flops_per_token,
             peak_rss_mib: crate::metrics::peak_rss_mib(),
         })
     }

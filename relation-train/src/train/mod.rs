@@ -121,6 +121,9 @@ pub struct TrainSummary {
     pub checkpoint: PathBuf,
     /// Trainable parameters.
     pub params: usize,
+    /// Model FLOPs per training token (forward and backward, at the run's `seq_len`; see
+    /// `relation_model::flops`).
+    pub flops_per_token: f64,
     /// The process's peak resident memory, MiB (`None` where the system does not report it).
     pub peak_rss_mib: Option<f64>,
 }
@@ -171,7 +174,11 @@ pub fn train_with(
     }
     let optim = run.optimizer(&model, &progress)?;
     run.announce(&model, &mut log);
-    let mut trainer = Trainer::new(run, progress, optim, model.num_params(), on_event)?;
+    let size = ModelSize {
+        params: model.num_params(),
+        flops_per_token: model.training_flops_per_token(run.t.seq_len),
+    };
+    let mut trainer = Trainer::new(run, progress, optim, size, on_event)?;
     while trainer.progress.step < trainer.end {
         let (updated, done) = trainer.step(model)?;
         model = updated;
@@ -222,6 +229,16 @@ impl Progress {
 /// A run being trained: its setup, optimizer, data order, metrics, where it is, and where its
 /// events go. The model itself is passed through the phases by value, because the optimizer
 /// consumes it on every update.
+/// What the summary and the throughput figures need of the model.
+#[derive(Debug, Clone, Copy)]
+struct ModelSize {
+    /// Trainable parameters.
+    params: usize,
+    /// Model FLOPs of one training token at the run's `seq_len`
+    /// (`RelationLm::training_flops_per_token`).
+    flops_per_token: f64,
+}
+
 struct Trainer<'a> {
     run: Run<'a>,
     progress: Progress,
@@ -230,8 +247,8 @@ struct Trainer<'a> {
     metrics: Metrics,
     /// The caller's [`TrainEvent`] handler.
     on_event: &'a mut dyn FnMut(TrainEvent<'_>),
-    /// Trainable parameters (for the summary).
-    params: usize,
+    /// Trainable parameters and model FLOPs per training token.
+    size: ModelSize,
     /// Bytes of validation text per validation token (bits per byte).
     val_bytes_per_token: f64,
     /// [`POISON_STEP_ENV`]'s steps.
@@ -256,7 +273,7 @@ impl<'a> Trainer<'a> {
         run: Run<'a>,
         progress: Progress,
         optim: ModuleOptimizer,
-        params: usize,
+        size: ModelSize,
         on_event: &'a mut dyn FnMut(TrainEvent<'_>),
     ) -> Result<Self> {
         let t = &run.t;
@@ -292,7 +309,7 @@ impl<'a> Trainer<'a> {
             batcher,
             metrics,
             on_event,
-            params,
+            size,
             val_bytes_per_token,
             poison_steps,
             end,

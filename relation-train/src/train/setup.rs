@@ -168,13 +168,14 @@ impl<'a> Run<'a> {
         let c = &self.model_config;
         let t = &self.t;
         log(format!(
-            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps | rows: {}",
+            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, {:.1} MFLOP per training token, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps | rows: {}",
             c.n_layers,
             c.pattern,
             switches(c),
             c.d_model,
             c.n_heads,
             model.num_params() as f64 / 1e6,
+            model.training_flops_per_token(t.seq_len) / 1e6,
             c.vocab_size,
             self.device_names.join(" + "),
             relation_kernels::cpu_threads(),

@@ -55,11 +55,19 @@ fn train_stop_resume_eval_generate() {
         // The peak resident memory, as Linux reports it: never below the model it holds.
         #[cfg(target_os = "linux")]
         assert!(f(row, "peak_rss_mib").unwrap() > 1.0, "{row}");
+        // Model FLOP/s: tokens/s times the model's FLOPs per training token.
+        let flops = f(row, "model_gflop_per_s").unwrap() * 1e9 / f(row, "tokens_per_s").unwrap();
+        assert!(flops > 1e3 && flops < 1e9, "{row}");
     }
     #[cfg(target_os = "linux")]
     assert!(out.contains("peak resident memory: "), "{out}");
+    assert!(out.contains("model FLOP/s: "), "{out}");
+    assert!(out.contains("MFLOP per training token"), "{out}");
     assert!(
-        csv.lines().next().unwrap().ends_with(",peak_rss_mib"),
+        csv.lines()
+            .next()
+            .unwrap()
+            .ends_with(",peak_rss_mib,model_gflop_per_s"),
         "{csv}"
     );
     // It learns: the last loss is below the first (ln 300 = 5.70 at the start).
