@@ -2,10 +2,11 @@
 //! growing contexts, for the 3.7M model's widths (d 256, H 8, d_ff 512, 4 layers, vocab 4096)
 //! with random weights (speed and memory do not depend on what the weights learned).
 //!
-//! For each pattern the prompt is fed in chunks ([`RelationLm::prefill`]) up to each context
-//! length in turn, then `--new-tokens` tokens are decoded greedily one at a time. A Linear
-//! Relation layer's cache is one `D x D` state per head, so an `L` model's memory stays flat as
-//! the context grows; Relation and attention layers keep every token's keys and information.
+//! For each pattern and context length a fresh cache is prefilled with that many tokens
+//! ([`RelationLm::prefill`]: one pass for `F`/`L` models), then `--new-tokens` tokens are decoded
+//! greedily one at a time. A Linear Relation layer's cache is one `D x D` state per head, so an
+//! `L` model's cache and decoding cost stay flat as the context grows; Relation and attention
+//! layers keep every token's keys and information and read all of them for each new token.
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example long_context_decode \
@@ -28,13 +29,13 @@ struct Args {
     /// Layer patterns, comma-separated.
     #[arg(long, default_value = "L,LLLF", value_delimiter = ',')]
     patterns: Vec<String>,
-    /// Context lengths at which decoding is measured, increasing, comma-separated.
+    /// Context lengths at which decoding is measured, comma-separated.
     #[arg(long, default_value = "1024,10240,102400", value_delimiter = ',')]
     contexts: Vec<usize>,
     /// Tokens decoded at each context length.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
-    /// Prompt tokens per prefill pass.
+    /// Prompt tokens per prefill pass for models that are not all `F`/`L` layers.
     #[arg(long, default_value_t = relation_model::PREFILL_CHUNK)]
     chunk: usize,
 }
@@ -66,38 +67,30 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let device = parse_device(&args.device)?;
     println!(
-        "Device {device:?}; d 256, H 8, d_ff 512, 4 layers, vocab 4096; prefill in chunks of {}, \
-         then {} tokens decoded greedily, batch 1",
-        args.chunk, args.new_tokens
+        "Device {device:?}; d 256, H 8, d_ff 512, 4 layers, vocab 4096; a fresh cache prefilled per \
+         context, then {} tokens decoded greedily, batch 1",
+        args.new_tokens
     );
     println!(
-        "| pattern | context | prefill tok/s (this stretch) | decode tok/s | cache MiB | resident MiB |"
+        "| pattern | context | prefill tok/s | decode tok/s | cache MiB | resident MiB | resident change while decoding (MiB) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for pattern in &args.patterns {
         let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());
         device.seed(0);
         let lm: RelationLm = config.init(&device)?;
-        let mut cache = lm.new_cache();
         let mut rng = SplitMix64::new(1);
-        let mut len = 0;
         for &context in &args.contexts {
-            // Prefill from the current length up to `context` (random tokens).
-            let n = context.saturating_sub(len);
-            let mut last = None;
+            // Prefill a fresh cache with `context` random tokens.
+            let mut cache = lm.new_cache();
+            let ids: Vec<i64> = (0..context).map(|_| rng.below(4096) as i64).collect();
+            let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, context]), &device);
             let start = Instant::now();
-            if n > 0 {
-                let ids: Vec<i64> = (0..n).map(|_| rng.below(4096) as i64).collect();
-                let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, n]), &device);
-                last = Some(lm.prefill(tokens, &mut cache, args.chunk)?); // [1, V]
-                len += n;
-            }
-            let prefill = n as f64 / start.elapsed().as_secs_f64();
+            let last = lm.prefill(tokens, &mut cache, args.chunk)?; // [1, V]
+            let mut next = argmax(&last.into_data().try_to_vec::<f32>()?);
+            let prefill = context as f64 / start.elapsed().as_secs_f64();
+            let rss_before = rss_mib();
             // Decode.
-            let mut next = match last {
-                Some(logits) => argmax(&logits.into_data().try_to_vec::<f32>()?),
-                None => 0,
-            };
             let start = Instant::now();
             for _ in 0..args.new_tokens {
                 let input = Tensor::<2, Int>::from_data(
@@ -108,9 +101,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 next = argmax(&logits.into_data().try_to_vec::<f32>()?);
             }
             let decode = args.new_tokens as f64 / start.elapsed().as_secs_f64();
-            len += args.new_tokens;
+            let growth = match (rss_before, rss_mib()) {
+                (Some(a), Some(b)) => format!("{:+.1}", b - a),
+                _ => "?".into(),
+            };
             println!(
-                "| {pattern} | {context} | {prefill:.0} | {decode:.1} | {:.1} | {} |",
+                "| {pattern} | {context} | {prefill:.0} | {decode:.1} | {:.2} | {} | {growth} |",
                 cache.bytes() as f64 / (1024.0 * 1024.0),
                 rss_mib().map_or("?".into(), |m| format!("{m:.0}")),
             );

@@ -7,7 +7,7 @@ use relation_core::rng::SplitMix64;
 
 use crate::cache::LmCache;
 use crate::error::{ModelError, Result};
-use crate::model::RelationLm;
+use crate::model::{Mixer, RelationLm};
 
 /// How tokens are drawn.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,16 +103,22 @@ impl Sampling {
     }
 }
 
-/// Prompt tokens per forward pass when [`RelationLm::generate`] prefills a prompt: bounds the
-/// prefill's logits and activations to this many rows, whatever the prompt's length.
+/// Prompt tokens per forward pass when [`RelationLm::generate`] prefills a prompt of a model
+/// with layers other than `F` and `L` (those take the prompt in one pass; see
+/// [`RelationLm::prefill`]).
 pub const PREFILL_CHUNK: usize = 2048;
 
 impl RelationLm {
-    /// Feeds `tokens` into `cache`, `chunk` tokens per forward pass (the last pass may be
-    /// shorter), and returns the logits after the last token: the start of decoding. Memory is
-    /// that of one chunk plus the cache, for prompts of any length (a Linear Relation layer's
-    /// cache is one `D x D` state per head; a Relation or attention layer's grows with the
-    /// prompt).
+    /// Feeds `tokens` into `cache` and returns the logits after the last token: the start of
+    /// decoding. Only the last position's logits are computed (never `[n, V]`).
+    ///
+    /// From an empty cache, a model whose layers are all Relation (`F`) or Linear Relation (`L`)
+    /// takes the prompt in one pass: FlashRelation's fused kernel and the Linear Relation scan
+    /// keep `O(n D)` memory, so any length costs its activations plus the cache. Otherwise (a
+    /// cache that already holds tokens, or attention, RealFormer, retention or KDA layers) the
+    /// prompt goes `chunk` tokens per pass (the last pass may be shorter): a chunk's rows are then
+    /// computed against every cached position with the reference, whose scores take
+    /// `H · chunk · context` floats — lower `chunk` for long contexts.
     ///
     /// # Shapes
     /// - `tokens`: `[B, n]`, output: `[B, V]`
@@ -137,18 +143,28 @@ impl RelationLm {
                 name: "prefill chunk",
             });
         }
+        let fused_layers = self
+            .blocks
+            .iter()
+            .all(|b| matches!(b.mixer, Mixer::Full(_) | Mixer::Linear(_)));
+        let chunk = if cache.is_empty() && fused_layers {
+            n
+        } else {
+            chunk
+        };
         let mut last = None;
         for start in (0..n).step_by(chunk) {
             let len = chunk.min(n - start);
-            let logits = self.forward_cached(tokens.clone().narrow(1, start, len), cache)?; // [B, len, V]
-            last = Some(logits.narrow(1, len - 1, 1).squeeze_dim::<2>(1)); // [B, V]
+            let h = self.hidden_cached(tokens.clone().narrow(1, start, len), cache)?; // [B, len, d]
+            last = Some(h);
         }
-        Ok(last.expect("at least one chunk"))
+        self.last_logits(last.expect("at least one chunk")) // [B, V]
     }
 
     /// Continues every prompt by up to `sampling.max_new_tokens` tokens (fewer where a
-    /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache in chunks of
-    /// [`PREFILL_CHUNK`] tokens ([`RelationLm::prefill`]) and then decoding token by token. Prompts of equal length run as one batch; prompts of
+    /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache with
+    /// [`RelationLm::prefill`] (chunks of [`PREFILL_CHUNK`] where a pass cannot take the whole
+    /// prompt) and then decoding token by token. Prompts of equal length run as one batch; prompts of
     /// different lengths run as one batch per length, one after another (a single ragged batch
     /// would need per-row positions and key masks in every cached mixer, which the caches do not
     /// have yet).

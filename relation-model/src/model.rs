@@ -404,6 +404,17 @@ impl RelationLm {
     /// [`ModelError::WrongCache`] for a layer cache of another kind than the layer keeps (a cache
     /// from a model with another pattern).
     pub fn forward_cached(&self, tokens: Tensor<2, Int>, cache: &mut LmCache) -> Result<Tensor<3>> {
+        let h = self.hidden_cached(tokens, cache)?;
+        self.logits(h)
+    }
+
+    /// [`RelationLm::forward_cached`] up to the last block: the residual stream `[B, n, d]`
+    /// before the final norm and the head.
+    pub(crate) fn hidden_cached(
+        &self,
+        tokens: Tensor<2, Int>,
+        cache: &mut LmCache,
+    ) -> Result<Tensor<3>> {
         if cache.layers.len() != self.blocks.len() {
             return Err(ModelError::CacheMismatch(format!(
                 "cache has {} layers, model has {}",
@@ -420,7 +431,14 @@ impl RelationLm {
                 .forward(normed, Some(layer_cache), &mut scores)?;
             h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
         }
-        self.logits(h)
+        Ok(h)
+    }
+
+    /// The logits of the last position only: `[B, n, d]` hidden states -> `[B, V]`.
+    pub(crate) fn last_logits(&self, h: Tensor<3>) -> Result<Tensor<2>> {
+        let [b, n, d] = h.dims();
+        let last = h.narrow(1, n - 1, 1).reshape([b, d]); // [B, 1, d] -> [B, d]
+        self.head_rows(last) // [B, V]
     }
 
     /// An empty cache for this model.

@@ -43,14 +43,25 @@ fn check_cached_decoding_of(
             tol,
         );
     }
-    // `prefill` in chunks of 5 (the last one short) gives the full forward's last logits.
+    // `prefill` (one pass from an empty cache for F/L models, chunks of 5 otherwise, the last
+    // one short) gives the full forward's last logits; so does prefilling a cache that already
+    // holds tokens (always chunked: 7 tokens, then 5 in chunks of 2).
+    let want = full.narrow(1, seq - 1, 1).squeeze_dim::<2>(1); // [2, V]
     let mut cache = lm.new_cache();
     let last = lm.prefill(ids.clone(), &mut cache, 5).unwrap(); // [2, V]
     assert_eq!(cache.len(), seq);
+    assert_close(&format!("pattern {pattern}, prefill"), &last, &want, tol);
+    let mut cache = lm.new_cache();
+    lm.prefill(ids.clone().narrow(1, 0, 7), &mut cache, 5)
+        .unwrap();
+    let last = lm
+        .prefill(ids.clone().narrow(1, 7, seq - 7), &mut cache, 2)
+        .unwrap();
+    assert_eq!(cache.len(), seq);
     assert_close(
-        &format!("pattern {pattern}, prefill in chunks of 5"),
+        &format!("pattern {pattern}, prefill after 7 tokens in chunks of 2"),
         &last,
-        &full.narrow(1, seq - 1, 1).squeeze_dim::<2>(1),
+        &want,
         tol,
     );
 }
