@@ -24,8 +24,8 @@
 //! Peak memory is then the kept block inputs (`(L + 1) T d` floats), one block's activations and
 //! one chunk of logits, instead of every block's activations and all the logits.
 
-use burn::module::{Module, ModuleVisitor, Param};
-use burn::optim::GradientsParams;
+use burn::module::Module;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{FloatDType, Int, Tensor};
 use relation_core::Segments;
 
@@ -60,24 +60,6 @@ impl Default for CheckpointedStep<'_> {
             loss_factor: 1.0,
             compute_dtype: None,
             loss_chunk: DEFAULT_LOSS_CHUNK,
-        }
-    }
-}
-
-/// Sums a partial gradient set into the running one, parameter by parameter.
-struct Accumulate<'a> {
-    total: &'a mut GradientsParams,
-    part: GradientsParams,
-}
-
-impl ModuleVisitor for Accumulate<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if let Some(new) = self.part.remove::<D>(param.id) {
-            let sum = match self.total.remove::<D>(param.id) {
-                Some(old) => old + new,
-                None => new,
-            };
-            self.total.register::<D>(param.id, sum);
         }
     }
 }
@@ -144,10 +126,9 @@ impl RelationLm {
             inputs.push(block.forward_rows(x, step.segments)?);
         }
 
-        let mut grads = GradientsParams::new();
-        let add = |part: GradientsParams, grads: &mut GradientsParams| {
-            self.visit(&mut Accumulate { total: grads, part });
-        };
+        // Every partial backward's gradients, summed parameter by parameter (the tied
+        // embedding gets its head and input shares).
+        let mut grads = GradientsAccumulator::<RelationLm>::new();
 
         // Head and loss over chunks of rows: g_L = ∂loss/∂x_L, [B·T, d] rows.
         let x_last = inputs.pop().expect("x_L is there");
@@ -175,7 +156,7 @@ impl RelationLm {
             nll_sum = nll_sum + nll.clone().inner();
             let mut g = nll.mul_scalar(scale).backward();
             g_rows.push(x.grad(&g).expect("the chunk's input requires a gradient"));
-            add(GradientsParams::from_module(&mut g, self), &mut grads);
+            grads.accumulate(self, GradientsParams::from_module(&mut g, self));
         }
         let mut g_next = Tensor::cat(g_rows, 0).reshape([b, t, d]); // [B·T, d] -> [B, T, d]
 
@@ -186,14 +167,14 @@ impl RelationLm {
             let y = compute_copy(block, dtype).forward_rows(x.clone(), step.segments)?;
             let mut g = (y * g_next.autodiff()).sum().backward();
             g_next = x.grad(&g).expect("the block's input requires a gradient");
-            add(GradientsParams::from_module(&mut g, self), &mut grads);
+            grads.accumulate(self, GradientsParams::from_module(&mut g, self));
         }
         // The embedding's share: sum(embed(tokens) ⊙ g_0).
         let e = compute_copy(&self.embedding, dtype).forward(tokens);
         let mut g = (e * g_next.autodiff()).sum().backward();
-        add(GradientsParams::from_module(&mut g, self), &mut grads);
+        grads.accumulate(self, GradientsParams::from_module(&mut g, self));
 
         let loss = nll_sum.div_scalar(rows as f64); // mean NLL, [1]
-        Ok((loss, grads))
+        Ok((loss, grads.grads()))
     }
 }

@@ -115,6 +115,18 @@ impl Task {
         start..start + self.seq.len * d
     }
 
+    /// The task's rows of the heads-first `[B·H, T, D]` inputs `[q, k, v, g]`.
+    fn head<'a>(&self, [q, k, v, g]: [&'a [f32]; 4], t: usize, heads: usize, d: usize) -> Head<'a> {
+        let span = self.span(t, heads, d);
+        Head {
+            q: &q[span.clone()],
+            k: &k[span.clone()],
+            v: &v[span.clone()],
+            g: &g[span],
+            d,
+        }
+    }
+
     /// The task's initial (or final-gradient) state in `[N, H, D, D]`.
     fn state(&self, heads: usize, d: usize) -> std::ops::Range<usize> {
         let start = (self.n * heads + self.h) * d * d;
@@ -202,14 +214,7 @@ pub(crate) fn forward(args: LinearArgs<FlexTensor>) -> FlexTensor {
         .zip(ys)
         .zip(states)
         .for_each(|((task, y), state)| {
-            let span = task.span(t, heads, d);
-            let head = Head {
-                q: &q[span.clone()],
-                k: &k[span.clone()],
-                v: &v[span.clone()],
-                g: &g[span],
-                d,
-            };
+            let head = task.head([&q, &k, &v, &g], t, heads, d);
             state.copy_from_slice(&h0[task.state(heads, d)]);
             vectorized(ForwardHead { head, state, y });
         });
@@ -286,14 +291,7 @@ pub(crate) fn backward(
         })
         .collect();
     work.into_par_iter().for_each(|(task, grads)| {
-        let span = task.span(t, heads, d);
-        let head = Head {
-            q: &q[span.clone()],
-            k: &k[span.clone()],
-            v: &v[span.clone()],
-            g: &g[span],
-            d,
-        };
+        let head = task.head([&q, &k, &v, &g], t, heads, d);
         let j = task.n - task.b * per_row; // the sequence's index within its row
         let bh = (task.b * heads + task.h) * bundle * d; // the (b, h) block of the bundle
         let local = task.seq.start - task.b * t;

@@ -201,17 +201,8 @@ pub(crate) fn head_of_sequence<F: Float>(
     let heads = x.shape(2);
     let per_row = (rows - t) / head_dim;
     let head = CUBE_POS_Z as usize;
-    let mut entry = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
-    let past_end = entry >= table.len() / 3;
-    if past_end {
-        entry = 0;
-    }
-    let token0 = usize::cast_from(table[entry * 3]);
-    let mut seq = usize::cast_from(table[entry * 3 + 1]);
-    let j = usize::cast_from(table[entry * 3 + 2]);
-    if past_end {
-        seq = 0;
-    }
+    let entry = table_entry(table);
+    let (token0, seq, j) = (entry.token0, entry.len, entry.third);
     let row = token0 / t;
     let local = token0 - row * t;
     let row_stride = heads * head_dim;
@@ -288,26 +279,47 @@ pub(crate) fn seq_tile<F: Float>(
 ) -> SeqTile {
     let heads = x.shape(2);
     let head = CUBE_POS_Z as usize;
-    let mut tile = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
-    let count = tiles.len() / 3;
-    let past_end = tile >= count;
-    if past_end {
-        tile = 0;
-    }
-    let token0 = usize::cast_from(tiles[tile * 3]);
-    let mut seq = usize::cast_from(tiles[tile * 3 + 1]);
-    let first = usize::cast_from(tiles[tile * 3 + 2]);
-    if past_end {
-        seq = 0;
-    }
+    let entry = table_entry(tiles);
     let row_stride = heads * head_dim;
     SeqTile {
-        seq,
+        seq: entry.len,
         heads,
         row_stride,
-        base: token0 * row_stride + head * head_dim,
-        rows_base: token0 * heads + head,
-        first,
+        base: entry.token0 * row_stride + head * head_dim,
+        rows_base: entry.token0 * heads + head,
+        first: entry.third,
+    }
+}
+
+/// One `u32` triple of a launch table (see [`SequenceTiles`]).
+#[derive(CubeType, Clone, Copy)]
+pub(crate) struct TableEntry {
+    /// The sequence's first token.
+    pub token0: usize,
+    /// The sequence's length; 0 for a cube past the end of the table (it does nothing).
+    pub len: usize,
+    /// The third field: a tile's first row (FlashRelation) or the sequence's index within its
+    /// row (Linear Relation).
+    pub third: usize,
+}
+
+/// This cube's entry of `table`: entry `CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X` (the grid may
+/// hold more cubes than entries; those read entry 0 with length 0).
+#[cube]
+pub(crate) fn table_entry(table: &Tensor<u32>) -> TableEntry {
+    let mut entry = (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize;
+    let past_end = entry >= table.len() / 3;
+    if past_end {
+        entry = 0;
+    }
+    let mut len = usize::cast_from(table[entry * 3 + 1]);
+    if past_end {
+        len = 0;
+    }
+    TableEntry {
+        token0: usize::cast_from(table[entry * 3]),
+        len,
+        third: usize::cast_from(table[entry * 3 + 2]),
     }
 }
 

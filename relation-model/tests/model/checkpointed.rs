@@ -161,6 +161,7 @@ fn checkpointed_step_equals_the_plain_step() {
 
 #[test]
 fn checkpointed_step_on_packed_documents() {
+    // Loss chunks of 5: the head's weight gradient is summed over chunks (f32 tolerance).
     for pattern in ["F", "L", "A", "LLLF"] {
         check(pattern, Some(&[1, 20, 3, 24]), 5, false);
     }
@@ -190,7 +191,27 @@ fn checkpointed_step_in_half_precision_lands_on_the_f32_masters() {
         (loss - want_loss).abs() < 2e-2,
         "f16 loss {loss} vs f32 {want_loss}"
     );
-    // Every master parameter has an f32 gradient close to the f32 step's.
+    // Every master parameter has a gradient, in f32 (through the casts onto the masters).
+    struct F32Grads<'a>(&'a GradientsParams, usize);
+    impl ModuleVisitor for F32Grads<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let g = self
+                .0
+                .get::<D>(param.id)
+                .expect("every parameter has a gradient");
+            assert_eq!(
+                g.dtype(),
+                burn::tensor::DType::F32,
+                "parameter {}",
+                param.id
+            );
+            self.1 += 1;
+        }
+    }
+    let mut f32_grads = F32Grads(&grads, 0);
+    m.visit(&mut f32_grads);
+    assert_eq!(f32_grads.1, m.num_params_tensors());
+    // The embedding's (the tied head's and the input's shares) is close to the f32 step's.
     let e = m.embedding.weight.clone();
     let got = grads.get::<2>(e.id).expect("embedding gradient");
     let want = want.get::<2>(e.id).unwrap();
