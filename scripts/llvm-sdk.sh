@@ -4,6 +4,7 @@
 #
 #   scripts/llvm-sdk.sh                       # x86 backend: enough for `--features cpu`
 #   scripts/llvm-sdk.sh --targets nvptx,amdgpu   # also NVPTX/AMDGPU (`--features cuda` / `rocm`)
+#   scripts/llvm-sdk.sh --targets all         # every target of the extra wheel (large binaries)
 #   scripts/llvm-sdk.sh --data-home DIR       # install under DIR instead of ~/.local/share
 #   scripts/llvm-sdk.sh --check               # say what is installed, change nothing
 #
@@ -49,17 +50,22 @@ done
 
 die() { echo "llvm-sdk: $*" >&2; exit 1; }
 
-# Extra targets: nvptx and amdgpu (and the others LLVM has) come in one extra wheel.
+# Extra targets: nvptx and amdgpu (and the others LLVM has) come in one extra wheel. `keep` is
+# what a binary links: X86 (the host) and the targets asked for, unless `all`.
 extra=0
+keep="X86"
 IFS=',' read -r -a wanted <<<"$targets"
 for t in "${wanted[@]}"; do
   case "$t" in
     "") ;;
-    nvptx|amdgpu|all) extra=1 ;;
+    nvptx) extra=1; keep="$keep NVPTX" ;;
+    amdgpu) extra=1; keep="$keep AMDGPU" ;;
+    all) extra=1; keep=all ;;
     x86|native) ;;
     *) die "unknown target '$t': expected nvptx, amdgpu (or all)" ;;
   esac
 done
+[ "$extra" = 1 ] || keep=native
 
 # 1. The bundler Cargo.lock resolves must be the one this SDK stands in for.
 locked=$(awk '/^name = "tracel-llvm-bundler"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock)
@@ -75,12 +81,13 @@ dest="$data_home/tracel/tracel-llvm-$BUNDLER"
 sentinel="$dest/.tracel-llvm-installed"
 marker="$dest/.relation-llvm-sdk"
 want="mlc-llvm-static $SDK_VERSION extra-targets=$extra"
+[ "$extra" = 0 ] || want="$want linked=$(echo "$keep" | tr ' ' ,)"
 export_line=""
 [ "$data_home" = "${XDG_DATA_HOME:-$HOME/.local/share}" ] || export_line="export XDG_DATA_HOME=$data_home"
 
 report() {
   echo "LLVM for CubeCL: $dest"
-  echo "  $("$dest/bin/llvm-config" --version 2>/dev/null || echo '?') ($(cat "$marker" 2>/dev/null || echo 'not installed by this script')), targets: $("$dest/bin/llvm-config" --targets-built 2>/dev/null || echo '?')"
+  echo "  $("$dest/bin/llvm-config" --version 2>/dev/null || echo '?') ($(cat "$marker" 2>/dev/null || echo 'not installed by this script')), targets in the SDK: $("$dest/bin/llvm-config" --targets-built 2>/dev/null || echo '?')"
   if [ -n "$export_line" ]; then
     echo "Before building with --features cpu, cuda or rocm:"
     echo "  $export_line"
@@ -98,7 +105,7 @@ fi
 
 if [ -f "$sentinel" ]; then
   if [ "$(cat "$marker" 2>/dev/null)" = "$want" ] \
-     || { [ "$extra" = 0 ] && [ "$(cat "$marker" 2>/dev/null)" = "mlc-llvm-static $SDK_VERSION extra-targets=1" ]; }; then
+     || { [ "$extra" = 0 ] && grep -q "^mlc-llvm-static $SDK_VERSION extra-targets=1" "$marker" 2>/dev/null; }; then
     echo "llvm-sdk: already installed"
     report
     exit 0
@@ -149,6 +156,16 @@ case "$version" in
   "$LLVM_SERIES".*) ;;
   *) die "mlc-llvm-static $SDK_VERSION is LLVM $version, but bundler $BUNDLER links LLVM $LLVM_SERIES" ;;
 esac
+# The extra wheel's headers enumerate all twenty targets, and the `LLVM_InitializeAll*` wrappers
+# that llvm-sys compiles against them reference every one, so every binary would link all
+# twenty backends (~4x the size). Enumerate only the targets asked for (and X86, the host); the
+# other targets' archives stay in lib/ and are never pulled in by the static link.
+if [ "$keep" != all ] && [ "$keep" != native ]; then
+  pattern=$(echo "$keep" | tr ' ' '|')
+  for def in "$staging"/sdk/include/llvm/Config/mlc-all/*.def; do
+    sed -E -i "/^LLVM_[A-Z_]+\(([A-Za-z0-9]+)\)\$/{/\((${pattern})\)\$/!d}" "$def"
+  done
+fi
 echo "$want" >"$staging/sdk/.relation-llvm-sdk"
 touch "$staging/sdk/.tracel-llvm-installed"
 rm -rf "$dest"

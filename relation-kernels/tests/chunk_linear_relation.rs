@@ -114,6 +114,13 @@ device_tests! {
     }
 }
 
+bf16_device_tests! {
+    fn chunk_bf16(device) {
+        check_case(&device, [1, 63, 2, 64], 32, DType::BF16, 30, (-1.0, 0.0), true, true);
+        check_case(&device, [2, 65, 1, 80], 16, DType::BF16, 31, (-1.0, 0.0), false, true);
+    }
+}
+
 device_tests! {
     fn chunk_gate_extremes(device) {
         // Strong decay (log gates near -20: cumulative gates near -1300 in a chunk of 64) and no

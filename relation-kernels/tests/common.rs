@@ -162,6 +162,48 @@ macro_rules! device_tests {
     };
 }
 
+/// `device_tests!` for bf16: one test per device whose runtime computes in bf16 — Flex, CubeCL's
+/// CPU runtime (it registers bf16 for every use) and CUDA. WGSL has no bf16, so the wgpu tests on
+/// software Vulkan cannot have one; on a Vulkan GPU the SPIR-V compiler may offer bf16 buffers
+/// (an extension), which the FlashRelation benchmark exercises when the device reports it. The
+/// body asserts the device's support first, so a runtime that drops bf16 fails loudly here.
+macro_rules! bf16_device_tests {
+    ($(fn $name:ident($device:ident) $body:block)*) => {
+        $(
+            mod $name {
+                #[allow(unused_imports)]
+                use super::*;
+
+                fn body($device: burn::tensor::Device) {
+                    assert!(
+                        $device.supports_dtype(burn::tensor::DType::BF16),
+                        "{:?} reports no bf16 support: bf16 kernel tests cannot run on it",
+                        $device
+                    );
+                    $body
+                }
+
+                #[test]
+                fn flex() {
+                    body(crate::common::flex())
+                }
+
+                #[cfg(feature = "cpu")]
+                #[test]
+                fn cube_cpu() {
+                    body(crate::common::cube_cpu())
+                }
+
+                #[cfg(feature = "cuda")]
+                #[test]
+                fn cuda() {
+                    body(crate::common::cuda())
+                }
+            }
+        )*
+    };
+}
+
 /// `Y` of the fused FlashRelation and the gradients of `sum(Y ⊙ weights)` for `p1`, `p2`,
 /// `info` and `lambda` (leaves that require gradients, on an autodiff device), as data, in that
 /// order.

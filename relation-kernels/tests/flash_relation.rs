@@ -273,6 +273,14 @@ device_tests! {
     }
 }
 
+bf16_device_tests! {
+    fn flash_relation_bf16(device) {
+        check_case(&device, [1, 63, 2, 64], DType::BF16, 14, 1.0);
+        check_case(&device, [2, 130, 1, 80], DType::BF16, 15, 1.0);
+        check_case(&device, [1, 1, 2, 48], DType::BF16, 16, 1.0);
+    }
+}
+
 device_tests! {
     fn flash_relation_is_causal_and_first_token_is_self(device) {
         debug::poison_outputs(true);

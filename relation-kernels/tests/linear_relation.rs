@@ -217,6 +217,13 @@ device_tests! {
     }
 }
 
+bf16_device_tests! {
+    fn linear_relation_bf16(device) {
+        check_case(&device, [1, 63, 2, 64], DType::BF16, 10, (-1.0, 0.0), true);
+        check_case(&device, [2, 65, 1, 48], DType::BF16, 11, (-1.0, 0.0), false);
+    }
+}
+
 device_tests! {
     fn linear_relation_state_carry_and_decoding(device) {
         debug::poison_outputs(true);
