@@ -2,6 +2,9 @@
 //! allocator readings. Devices are chosen by name with `relation_kernels::device::parse_device`,
 //! the parser the `relation` command line uses too.
 
+pub mod flash_bench;
+pub mod linear_bench;
+
 use std::time::{Duration, Instant};
 
 use burn::tensor::{DType, Device};

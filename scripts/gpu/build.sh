@@ -1,47 +1,69 @@
 #!/usr/bin/env bash
-# Build, here, what a GPU machine without a Rust toolchain or network access runs: the kernel
-# test binary, both benchmarks and the `relation` trainer, stripped and xz-compressed into .gpu/
-# (git-ignored), with the Vulkan loader packages in .gl/.
+# Build, here, what a GPU machine without a Rust toolchain or network access runs: two binaries
+# (the kernel test binary and `gpu_check`, which holds both benchmarks and the trainer), stripped
+# and xz-compressed into .gpu/ (git-ignored), with the Vulkan loader packages in .gl/.
 #
-#   scripts/gpu/build.sh          # `vulkan` (SPIR-V through wgpu; any GPU with a Vulkan driver)
-#   scripts/gpu/build.sh --cuda   # `vulkan,cuda`: the same binaries also run the kernels on CUDA
-#                                 # (PTX through LLVM; needs only the NVIDIA driver there). Installs
-#                                 # the LLVM SDK with the NVPTX backend first (scripts/llvm-sdk.sh).
+#   scripts/gpu/build.sh             # `vulkan` (SPIR-V through wgpu; any GPU with a Vulkan driver)
+#   scripts/gpu/build.sh --cuda      # `vulkan,cuda`: the same binaries also run on CUDA (PTX
+#                                    # through LLVM's NVPTX backend; needs only the NVIDIA driver)
+#   scripts/gpu/build.sh --rehearse  # the README test command's build (`wgpu,cpu`, dev profile)
+#                                    # packed in the same layout, for `run.sh --rehearse` (CI)
 #
-# Then copy .gpu and .gl to the GPU machine and run `bash scripts/gpu/run.sh` there.
+# A real bundle (.gpu + .gl) must stay within 64 MiB: the script prints the size and fails above
+# it. Then copy .gpu and .gl to the GPU machine and run `bash scripts/gpu/run.sh` there.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
-features=vulkan
-if [ "${1:-}" = "--cuda" ]; then
-  features=vulkan,cuda
-  # An LLVM with the NVPTX backend, in a data home of its own, and a target folder of its own:
-  # the bundler's build script notices neither a changed XDG_DATA_HOME nor a changed SDK behind
-  # an unchanged sentinel, so the X86-only SDK of the CPU-runtime tests must not share either.
-  export XDG_DATA_HOME="$HOME/.local/share/relation-llvm-cuda"
-  export CARGO_TARGET_DIR="$CARGO_TARGET_DIR-cuda"
-  scripts/llvm-sdk.sh --targets nvptx --data-home "$XDG_DATA_HOME"
-fi
+LIMIT_MIB=64
+mode="${1:-vulkan}"
+case "$mode" in
+  vulkan) features=vulkan; profile=(--release); level=-9 ;;
+  --cuda)
+    features=vulkan,cuda; profile=(--release); level=-9
+    # An LLVM with the NVPTX backend, in a data home of its own, and a target folder of its own:
+    # the bundler's build script notices neither a changed XDG_DATA_HOME nor a changed SDK behind
+    # an unchanged sentinel, so the X86-only SDK of the CPU-runtime tests must not share either.
+    # `--targets nvptx` also makes the SDK's headers enumerate X86 and NVPTX alone, so the
+    # binaries link those two backends, not all twenty of the SDK.
+    export XDG_DATA_HOME="$HOME/.local/share/relation-llvm-cuda"
+    export CARGO_TARGET_DIR="$CARGO_TARGET_DIR-cuda"
+    scripts/llvm-sdk.sh --targets nvptx --data-home "$XDG_DATA_HOME"
+    ;;
+  --rehearse)
+    # Exactly the features and profile of the README's test command, so after the tests this
+    # build compiles nothing new. WGSL, not SPIR-V: Mesa's software Vulkan (22.x) crashes in
+    # vkCreateComputePipelines on CubeCL's SPIR-V, so the rehearsal cannot use `vulkan`.
+    features=wgpu,cpu; profile=(); level=-0 ;;
+  *) echo "usage: scripts/gpu/build.sh [--cuda | --rehearse]" >&2; exit 2 ;;
+esac
 rm -rf .gpu && mkdir -p .gpu
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 echo "$features" > .gpu/features
+[ "$mode" = --rehearse ] && touch .gpu/rehearsal
 
 # One cargo invocation for everything, so features unify once (building the tests and the
-# examples separately compiles Burn twice). `cargo test --no-run` also builds the examples, and
-# the `relation` binary (relation-train's tests run it).
-cargo test --release --workspace --features "$features" --no-run --message-format=json 2>/dev/null \
+# examples separately compiles Burn twice). `cargo test --no-run` also builds the examples.
+start=$(date +%s)
+cargo test "${profile[@]}" --workspace --features "$features" --no-run --message-format=json 2>/dev/null \
   | python3 -c 'import json,sys
-want={"kernels","flash_relation_bench","linear_relation_bench","relation"}
+want={"kernels","gpu_check"}
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
         print(m["target"]["name"], m["executable"])' > .gpu/binaries.txt
-[ "$(wc -l < .gpu/binaries.txt)" -eq 4 ] || { echo "expected 4 binaries, got: $(cat .gpu/binaries.txt)" >&2; exit 1; }
+[ "$(wc -l < .gpu/binaries.txt)" -eq 2 ] || { echo "expected 2 binaries, got: $(cat .gpu/binaries.txt)" >&2; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
 while read -r name path; do
   strip -o ".gpu/$name" "$path"
-  xz -T2 -6 -f ".gpu/$name"
+  xz -T2 "$level" -f ".gpu/$name"
 done < .gpu/binaries.txt
 ls -la .gpu
+
+if [ "$mode" = --rehearse ]; then
+  # The rehearsal runs where the tests ran: the loader is the system's, no .gl needed.
+  du -sh .gpu
+  exit 0
+fi
 
 # The Vulkan loader for the GPU machine (it may have a driver but no loader).
 if [ ! -d .gl ]; then
@@ -52,11 +74,9 @@ if [ ! -d .gl ]; then
   (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
 du -sh .gpu .gl
-# The bundle is meant for small uploads (at most 64 MiB). A `--cuda` build links all of LLVM's targets
-# (the SDK's llvm-config profile with the extra-targets wheel) and measured 127 MiB here
-# (four binaries of ~32 MiB): carry only what a call runs, one binary per call, until the build
-# links NVPTX + X86 alone.
-total=$(du -sm .gpu .gl | awk '{s += $1} END {print s}')
-if [ "$total" -gt 64 ]; then
-  echo "warning: .gpu + .gl is ${total} MiB, over the 64 MiB upload budget" >&2
+total_kib=$(du -sk .gpu .gl | awk '{s += $1} END {print s}')
+echo "bundle (.gpu + .gl): $(( total_kib / 1024 )) MiB of at most $LIMIT_MIB MiB"
+if [ "$total_kib" -gt $(( LIMIT_MIB * 1024 )) ]; then
+  echo "error: the bundle is over the $LIMIT_MIB MiB upload limit" >&2
+  exit 1
 fi

@@ -1,46 +1,114 @@
 #!/usr/bin/env bash
 # Runs on a GPU machine without a toolchain or network access, from the repository root, with .gpu/
-# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT. At most 9.5 minutes
-# (the sum of its timeouts), usually far less. With a `--cuda` build (.gpu/features names
-# `cuda`) every step runs on CUDA as well, with shorter Vulkan steps to fit.
+# and .gl/ carried (see build.sh). Writes its logs and tables under $OUT, then checks that every
+# table and log it promises is there and parses (`gpu_check summary`, which also writes
+# $OUT/summary.md with the paper's anchors beside our ratios). Exit status: that check's.
+#
+#   OUT=/path/to/results bash scripts/gpu/run.sh       # the real check: at most ~8.5 minutes
+#   OUT=/tmp/rehearsal bash scripts/gpu/run.sh --rehearse
+#
+# `--rehearse` runs every step of the real check, from the same bundle layout, on the wgpu
+# device (software Vulkan in CI) at tiny sizes, with the build of `build.sh --rehearse`.
 set -uo pipefail
+cd "$(dirname "$0")/../.."
+rehearse=0
+case "${1:-}" in
+  "") ;;
+  --rehearse) rehearse=1 ;;
+  *) echo "usage: scripts/gpu/run.sh [--rehearse]" >&2; exit 2 ;;
+esac
 OUT="${OUT:-/tmp/relation-gpu}"
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" # wgpu's loader warns on every device without it
 mkdir -p "$OUT"
-for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig
-if ! ls /usr/share/vulkan/icd.d/*nvidia* /etc/vulkan/icd.d/*nvidia* >/dev/null 2>&1 \
-   && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+start=$(date +%s)
+[ -f .gpu/features ] || { echo "no .gpu/features: build the bundle first (scripts/gpu/build.sh)" >&2; exit 2; }
+features=$(cat .gpu/features)
+if [ "$rehearse" = 1 ] && [ ! -f .gpu/rehearsal ]; then
+  echo "note: rehearsing with a real bundle ($features)"
 fi
-mkdir -p /tmp/bin
-for b in kernels flash_relation_bench linear_relation_bench relation; do xz -dc ".gpu/$b.xz" > "/tmp/bin/$b"; chmod +x "/tmp/bin/$b"; done
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
-features=$(cat .gpu/features 2>/dev/null || echo vulkan)
-cp .gpu/features "$OUT/features.txt" 2>/dev/null
-if [[ "$features" == *cuda* ]]; then devices="wgpu cuda"; t_flash=40; t_linear=60; t_train=35
-else devices="wgpu"; t_flash=80; t_linear=140; t_train=60; fi
 
-# 1. Kernel tests on the GPU: every test runs on each compiled-in GPU device (Device::wgpu picks
-#    the GPU through Vulkan / SPIR-V; Device::cuda(0) through PTX), and on Flex.
-timeout 200 /tmp/bin/kernels --test-threads 1 > "$OUT/kernel-tests.log" 2>&1
+if [ "$rehearse" = 0 ]; then
+  # The Vulkan loader (the machine may have the NVIDIA driver but no loader), pointed at the
+  # driver's ICD file when the system lists none of its own.
+  for f in .gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+  if ! ls /usr/share/vulkan/icd.d/*nvidia* /etc/vulkan/icd.d/*nvidia* >/dev/null 2>&1 \
+     && [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  fi
+fi
+bin="${BIN_DIR:-/tmp/relation-gpu-bin}"
+mkdir -p "$bin"
+for b in kernels gpu_check; do
+  xz -dc ".gpu/$b.xz" > "$bin/$b" && chmod +x "$bin/$b" || { echo "cannot unpack .gpu/$b.xz" >&2; exit 2; }
+done
+cp .gpu/features "$OUT/features.txt"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 \
+  || echo "no nvidia-smi on this machine" >> "$OUT/gpu.txt"
+
+# Devices, as named in the output files: the Vulkan one (SPIR-V with a `vulkan` build, WGSL with
+# the rehearsal's `wgpu` build), then CUDA when compiled in.
+case "$features" in *vulkan*) vk=vulkan ;; *) vk=wgpu ;; esac
+devices="$vk"
+case "$features" in *cuda*) devices="$vk cuda" ;; esac
+dtypes="f32 f16 bf16" # bf16 tables say "not supported" where the device has no bf16
+
+if [ "$rehearse" = 1 ]; then
+  kernel_filter=flash_relation_f16; t_kernels=600
+  flash=(--seqs 64,128 --batch 1 --heads 2 --head-dim 32 --iters 1); t_flash=300
+  linear=(--seqs 64,128 --max-flash 128 --heads 2 --head-dim 32 --iters 1 --chunk 16); t_linear=300
+  train=(--d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 64 --batch-size 2
+    --tokens-per-step 128 --steps 4 --log-every 1 --eval-tokens 256); t_train=300
+else
+  kernel_filter=""; t_kernels=150
+  flash=(--seqs 512,1024,2048,4096,8192,16384 --batch 1 --heads 8 --head-dim 64 --iters 5
+    --max-materialized 8192); t_flash=25
+  linear=(--seqs 1024,2048,4096,8192,16384,32768,65536 --max-flash 16384 --iters 3 --chunk 64)
+  t_linear=45
+  train=(--seq-len 1024 --batch-size 8 --tokens-per-step 8192 --steps 40 --log-every 5
+    --eval-tokens 8192); t_train=25
+fi
+
+# 1. Kernel tests: every test on every device compiled in (Flex, the Vulkan device, CUDA, and in
+#    the rehearsal CubeCL's CPU runtime), one thread.
+timeout "$t_kernels" "$bin/kernels" --test-threads 1 $kernel_filter > "$OUT/kernel-tests.log" 2>&1
 echo "kernel tests exit $?" >> "$OUT/kernel-tests.log"
-tail -3 "$OUT/kernel-tests.log"
+grep '^test result' "$OUT/kernel-tests.log"
 
 for dev in $devices; do
-  # 2. Benchmarks: forward and training, fused vs materialized vs Burn attention.
-  for dtype in f32 f16; do
-    timeout $t_flash /tmp/bin/flash_relation_bench --device $dev --seqs 256,512,1024,2048,4096 --iters 10 \
-      --dtype $dtype --out "$OUT/flash_relation_${dtype}_$dev.md" > "$OUT/bench-${dtype}-$dev.log" 2>&1
+  # 2. FlashRelation fused vs materialized vs Burn's attention: time, held and peak memory.
+  for dtype in $dtypes; do
+    timeout "$t_flash" "$bin/gpu_check" flash --device "$dev" --dtype "$dtype" "${flash[@]}" \
+      --out "$OUT/flash_relation_${dtype}_$dev.md" > "$OUT/bench-flash-${dtype}-$dev.log" 2>&1
+    echo "flash $dtype $dev exit $?"
   done
-  # 3. Linear Relation scaling (chunked and recurrent kernels) against FlashRelation, up to 64K tokens.
-  timeout $t_linear /tmp/bin/linear_relation_bench --device $dev --seqs 1024,2048,4096,8192,16384,32768,65536 \
-    --max-flash 16384 --iters 3 --chunk 64 --out "$OUT/linear_relation_$dev.md" > "$OUT/bench-linear-$dev.log" 2>&1
-  # 4. The trainer's default run on the GPU (tokens/s, loss), stopped early; the full log is kept.
-  train_dev=$([ "$dev" = wgpu ] && echo vulkan || echo cuda:0)
-  timeout $t_train /tmp/bin/relation train --device "$train_dev" --cache-dir /tmp/relation-cache \
-    --run-dir "/tmp/train-run-$dev" --no-progress --log-every 10 > "$OUT/train-$dev.log" 2>&1
-  echo "train exit $?" >> "$OUT/train-$dev.log"
-  cp "/tmp/train-run-$dev/metrics.csv" "$OUT/metrics-$dev.csv" 2>/dev/null
-  cp "/tmp/train-run-$dev/loss.png" "$OUT/loss-$dev.png" 2>/dev/null
+  # 3. Linear Relation (chunked, recurrent) against FlashRelation as T grows.
+  timeout "$t_linear" "$bin/gpu_check" linear --device "$dev" "${linear[@]}" \
+    --out "$OUT/linear_relation_$dev.md" > "$OUT/bench-linear-$dev.log" 2>&1
+  echo "linear $dev exit $?"
+  # 4. The trainer, Relation and MHA on the same backbone (the paper's 10M shape, T 1024),
+  #    bf16 where the device computes in it.
+  precision=f32
+  [ "$dev" = cuda ] && [ "$rehearse" = 0 ] && precision=bf16
+  train_dev=$([ "$dev" = cuda ] && echo cuda:0 || echo "$dev")
+  for model in relation mha; do
+    preset=$([ "$model" = mha ] && echo 10m-mha || echo 10m)
+    run="/tmp/relation-gpu-train-$dev-$model"
+    rm -rf "$run"
+    timeout "$t_train" "$bin/gpu_check" relation train --device "$train_dev" --preset "$preset" \
+      --precision "$precision" "${train[@]}" --eval-every 1000 --sample-tokens 0 \
+      --checkpoint-every 1000 --no-progress --cache-dir /tmp/relation-gpu-cache --run-dir "$run" \
+      > "$OUT/train-$dev-$model.log" 2>&1
+    echo "train exit $?" >> "$OUT/train-$dev-$model.log"
+    tail -1 "$OUT/train-$dev-$model.log"
+    cp "$run/metrics.csv" "$OUT/metrics-$dev-$model.csv" 2>/dev/null
+    cp "$run/loss.png" "$OUT/loss-$dev-$model.png" 2>/dev/null
+  done
 done
-cat "$OUT"/flash_relation_*.md "$OUT"/linear_relation_*.md
-tail -8 "$OUT"/train-*.log
+
+# 5. Check everything promised above and write summary.md.
+"$bin/gpu_check" summary --dir "$OUT" --devices "$(echo $devices | tr ' ' ,)" \
+  --dtypes "$(echo $dtypes | tr ' ' ,)"
+status=$?
+echo "gpu check $([ "$rehearse" = 1 ] && echo rehearsal) finished in $(( $(date +%s) - start )) s, status $status"
+exit $status

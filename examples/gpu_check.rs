@@ -1,0 +1,322 @@
+//! `gpu_check`: the GPU check's programs in one binary, for a machine without a Rust toolchain.
+//!
+//! `scripts/gpu/build.sh` ships two binaries: the kernel test binary of `relation-kernels` and
+//! this one. Each statically links the CubeCL compilers (and, in a CUDA build, LLVM's NVPTX and
+//! X86 backends), so one binary for the benchmarks and the trainer instead of three keeps the
+//! bundle small.
+//!
+//! ```text
+//! gpu_check flash    [flash_relation_bench flags]     FlashRelation vs materialized vs attention
+//! gpu_check linear   [linear_relation_bench flags]    Linear Relation scaling
+//! gpu_check relation [relation flags]                 the trainer (`relation train ...`, etc.)
+//! gpu_check summary  --dir OUT --devices vulkan,cuda  check every promised table and log, and
+//!                    [--dtypes f32,f16,bf16]          write OUT/summary.md with the paper's anchors
+//! ```
+//!
+//! `summary` exits with status 1 when a table or log the run promised is missing or does not
+//! parse, naming each one: `scripts/gpu/run.sh --rehearse` relies on it in CI.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use clap::{Parser, Subcommand};
+use relation_examples::counting::Counting;
+use relation_examples::{flash_bench, linear_bench};
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// The GPU check's benchmarks, trainer and summary in one binary.
+#[derive(Debug, Parser)]
+#[command(name = "gpu_check")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// FlashRelation fused vs materialized vs Burn's attention (`flash_relation_bench`).
+    Flash(flash_bench::Args),
+    /// Linear Relation chunked vs recurrent vs FlashRelation (`linear_relation_bench`).
+    Linear(linear_bench::Args),
+    /// The `relation` command line (train, evaluate, generate, ...), unchanged.
+    Relation {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<String>,
+    },
+    /// Checks the run's tables and logs and writes `summary.md` beside them.
+    Summary(SummaryArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SummaryArgs {
+    /// The folder `run.sh` wrote (its `$OUT`).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The devices the run measured, as `run.sh` names them in file names.
+    #[arg(long, value_delimiter = ',', required = true)]
+    devices: Vec<String>,
+    /// The dtypes of the FlashRelation tables, for every device.
+    #[arg(long, value_delimiter = ',', default_value = "f32,f16")]
+    dtypes: Vec<String>,
+}
+
+fn main() {
+    match Cli::parse().command {
+        Command::Flash(args) => flash_bench::run(&args),
+        Command::Linear(args) => linear_bench::run(&args),
+        Command::Relation { args } => {
+            let cli = <relation_train::cli::Cli as Parser>::parse_from(
+                std::iter::once("relation".to_string()).chain(args),
+            );
+            if let Err(e) = relation_train::cli::run(cli) {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        }
+        Command::Summary(args) => {
+            let problems = summary(&args);
+            if !problems.is_empty() {
+                eprintln!("gpu_check summary: {} problem(s):", problems.len());
+                for p in &problems {
+                    eprintln!("  - {p}");
+                }
+                std::process::exit(1);
+            }
+        }
+    }
+}
+
+/// The paper's systems numbers (RTX 5090, bf16, Triton kernels), printed beside ours.
+const ANCHOR_FUSED_VS_MATERIALIZED: &str = "3.6-4.4x faster than materialized at T = 1024";
+const ANCHOR_TRAINING_VS_ATTENTION: &str = "0.76-0.85x of FlashAttention's training throughput";
+
+/// One row of a benchmark table: `| T | method | fwd ms | train ms | ... |`.
+struct Row {
+    seq: usize,
+    method: String,
+    forward_ms: f64,
+    train_ms: f64,
+}
+
+/// The rows of the markdown table in `text` whose first cell is a number and whose timings
+/// parse; `None` when a row starts like one but does not parse (a broken table).
+fn rows(text: &str) -> Option<Vec<Row>> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+        // "| a | b |" splits into ["", "a", "b", ""].
+        if cells.len() < 5 || !cells[1].starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        out.push(Row {
+            seq: cells[1].parse().ok()?,
+            method: cells[2].to_string(),
+            forward_ms: cells[3].parse().ok()?,
+            train_ms: cells[4].parse().ok()?,
+        });
+    }
+    Some(out)
+}
+
+/// The row of `method` at the largest `T` of the table at or below `seq` (the paper's anchor is at
+/// T = 1024; a rehearsal runs shorter sequences).
+fn at_or_below<'a>(rows: &'a [Row], method: &str, seq: usize) -> Option<&'a Row> {
+    rows.iter()
+        .filter(|r| r.method == method && r.seq <= seq)
+        .max_by_key(|r| r.seq)
+}
+
+/// Median of the `tokens_per_s` column of a trainer's `metrics.csv`, skipping the first logged
+/// step (compilation and autotuning).
+fn median_tokens_per_s(csv: &str) -> Option<f64> {
+    let mut lines = csv.lines();
+    let header: Vec<&str> = lines.next()?.split(',').collect();
+    let col = header.iter().position(|h| *h == "tokens_per_s")?;
+    let mut values: Vec<f64> = lines
+        .filter_map(|l| l.split(',').nth(col)?.parse().ok())
+        .collect();
+    if values.len() > 1 {
+        values.remove(0);
+    }
+    if values.is_empty() {
+        return None;
+    }
+    values.sort_by(f64::total_cmp);
+    Some(values[values.len() / 2])
+}
+
+fn read(dir: &Path, name: &str, problems: &mut Vec<String>) -> Option<String> {
+    match std::fs::read_to_string(dir.join(name)) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            problems.push(format!("{name}: {e}"));
+            None
+        }
+    }
+}
+
+/// Writes `summary.md` and returns what is missing or broken.
+fn summary(args: &SummaryArgs) -> Vec<String> {
+    let dir = &args.dir;
+    let mut problems = Vec::new();
+    let mut md = String::from("# GPU check summary\n\n");
+    if let Ok(gpu) = std::fs::read_to_string(dir.join("gpu.txt")) {
+        let _ = writeln!(md, "GPU: {}\n", gpu.lines().nth(1).unwrap_or("?").trim());
+    }
+
+    // 1. Kernel tests: libtest's verdict, and the tests that ran per device (the module suffix).
+    md += "## Kernel tests\n\n";
+    if let Some(log) = read(dir, "kernel-tests.log", &mut problems) {
+        let verdict = log.lines().find(|l| l.starts_with("test result:"));
+        match verdict {
+            Some(v) if v.starts_with("test result: ok") => {}
+            Some(v) => problems.push(format!("kernel-tests.log: {v}")),
+            None => problems.push("kernel-tests.log: no `test result:` line".into()),
+        }
+        md += "| device | passed | failed |\n|---|---|---|\n";
+        // `test a::b::cuda ... ok`; a test's own stderr may come between the name and its
+        // outcome, which then stands alone on a later line.
+        let mut per_device: Vec<(String, usize, usize)> = Vec::new();
+        let mut pending: Option<String> = None;
+        for line in log.lines() {
+            let (device, outcome) = match line
+                .strip_prefix("test ")
+                .and_then(|l| l.split_once(" ... "))
+            {
+                Some((name, outcome)) => {
+                    (name.rsplit("::").next().unwrap_or("?").to_string(), outcome)
+                }
+                None => match pending.take() {
+                    Some(device) if matches!(line.trim(), "ok" | "FAILED") => (device, line.trim()),
+                    other => {
+                        pending = other;
+                        continue;
+                    }
+                },
+            };
+            let passed = outcome.starts_with("ok");
+            if !passed && !outcome.starts_with("FAILED") {
+                pending = Some(device);
+                continue;
+            }
+            match per_device.iter_mut().find(|(d, ..)| *d == device) {
+                Some(entry) if passed => entry.1 += 1,
+                Some(entry) => entry.2 += 1,
+                None => per_device.push((device, usize::from(passed), usize::from(!passed))),
+            }
+        }
+        for (device, ok, failed) in &per_device {
+            let _ = writeln!(md, "| {device} | {ok} | {failed} |");
+        }
+        let _ = writeln!(md, "\n{}\n", verdict.unwrap_or("(no verdict)"));
+    }
+
+    // 2. FlashRelation: fused vs materialized and vs Burn's attention, per device and dtype.
+    md += "## FlashRelation (largest T <= 1024 measured)\n\n";
+    let _ = writeln!(md, "Paper: {ANCHOR_FUSED_VS_MATERIALIZED}.\n");
+    md += "| device | dtype | T | fused fwd ms | materialized / fused fwd | materialized / fused train | attention / fused train |\n";
+    md += "|---|---|---|---|---|---|---|\n";
+    for device in &args.devices {
+        for dtype in &args.dtypes {
+            let name = format!("flash_relation_{dtype}_{device}.md");
+            let Some(text) = read(dir, &name, &mut problems) else {
+                continue;
+            };
+            if text.contains("not supported by this device") {
+                let _ = writeln!(md, "| {device} | {dtype} | - | not supported | | | |");
+                continue;
+            }
+            let Some(rows) = rows(&text) else {
+                problems.push(format!("{name}: a table row does not parse"));
+                continue;
+            };
+            let Some(fused) = at_or_below(&rows, "fused", 1024) else {
+                problems.push(format!("{name}: no `fused` row at T <= 1024"));
+                continue;
+            };
+            let ratio = |method: &str, train: bool| {
+                at_or_below(&rows, method, fused.seq)
+                    .filter(|r| r.seq == fused.seq)
+                    .map_or("-".to_string(), |r| {
+                        let (a, b) = if train {
+                            (r.train_ms, fused.train_ms)
+                        } else {
+                            (r.forward_ms, fused.forward_ms)
+                        };
+                        format!("{:.2}x", a / b)
+                    })
+            };
+            let _ = writeln!(
+                md,
+                "| {device} | {dtype} | {} | {:.3} | {} | {} | {} |",
+                fused.seq,
+                fused.forward_ms,
+                ratio("materialized", false),
+                ratio("materialized", true),
+                ratio("burn attention", true),
+            );
+        }
+    }
+
+    // 3. Linear Relation: the table parses and names its crossover.
+    md += "\n## Linear Relation\n\n";
+    for device in &args.devices {
+        let name = format!("linear_relation_{device}.md");
+        let Some(text) = read(dir, &name, &mut problems) else {
+            continue;
+        };
+        match rows(&text) {
+            Some(rows) if !rows.is_empty() => {
+                let largest = rows.iter().map(|r| r.seq).max().unwrap_or(0);
+                let crossover = text
+                    .lines()
+                    .find(|l| l.starts_with("largest T run"))
+                    .unwrap_or("(no crossover line)");
+                let _ = writeln!(
+                    md,
+                    "- {device}: {} rows up to T = {largest}; {crossover}",
+                    rows.len()
+                );
+            }
+            _ => problems.push(format!("{name}: no table rows")),
+        }
+    }
+
+    // 4. The trainer: Relation vs attention tokens/s on the same device and shape.
+    md += "\n## Training, Relation vs MHA (same backbone)\n\n";
+    let _ = writeln!(md, "Paper: {ANCHOR_TRAINING_VS_ATTENTION}.\n");
+    md += "| device | Relation tokens/s | MHA tokens/s | Relation / MHA |\n|---|---|---|---|\n";
+    for device in &args.devices {
+        let mut rates = [None, None];
+        for (i, model) in ["relation", "mha"].iter().enumerate() {
+            let name = format!("metrics-{device}-{model}.csv");
+            if let Some(csv) = read(dir, &name, &mut problems) {
+                rates[i] = median_tokens_per_s(&csv);
+                if rates[i].is_none() {
+                    problems.push(format!("{name}: no tokens_per_s values"));
+                }
+            }
+        }
+        if let [Some(relation), Some(mha)] = rates {
+            let _ = writeln!(
+                md,
+                "| {device} | {relation:.0} | {mha:.0} | {:.2}x |",
+                relation / mha
+            );
+        }
+    }
+
+    if !problems.is_empty() {
+        md += "\n## Problems\n\n";
+        for p in &problems {
+            let _ = writeln!(md, "- {p}");
+        }
+    }
+    if let Err(e) = std::fs::write(dir.join("summary.md"), &md) {
+        problems.push(format!("summary.md: {e}"));
+    }
+    print!("{md}");
+    problems
+}
