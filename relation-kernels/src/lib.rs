@@ -48,6 +48,8 @@ pub use lm::{cross_entropy, dense, rms_norm, rope, rope_packed, swiglu};
 pub use ops::{FlashParams, LinearParams, RelationOps};
 pub use self_relation::self_relation;
 pub use strategy::{KERNEL_DTYPES, Strategy, has_kernels, is_cube, is_flex};
+#[cfg(feature = "flex")]
+pub use tile::flex::{FlexSimd, flex_simd, set_flex_simd};
 
 // Test support: public with the `testing` feature (the tests and benchmarks of this workspace),
 // crate-private otherwise (the kernels still count launches and honour poisoning; nothing outside

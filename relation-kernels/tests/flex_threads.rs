@@ -122,3 +122,81 @@ fn flex_kernels_are_bitwise_equal_on_one_and_many_threads() {
         }
     }
 }
+
+/// FNV-1a over the bits of every value of `runs`: one line per run, for the parent process.
+fn digests(runs: &[Vec<TensorData>]) -> String {
+    runs.iter()
+        .map(|run| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for data in run {
+                for v in data.iter::<f32>() {
+                    for byte in v.to_bits().to_le_bytes() {
+                        h = (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+                    }
+                }
+            }
+            format!("{h:016x}")
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Run in a child process by [`flex_kernels_under_each_instruction_set`], with `RELATION_SIMD`
+/// set: prints which instruction set the kernels used and the digests of the three runs.
+#[test]
+#[ignore = "run in a child process by flex_kernels_under_each_instruction_set"]
+fn simd_child() {
+    let runs = [flash_run(), linear_run(), lm_run()];
+    println!(
+        "SIMD {} {}",
+        relation_kernels::flex_simd().name(),
+        digests(&runs)
+    );
+}
+
+/// The Flex kernels under each vector instruction set this CPU has (`RELATION_SIMD`, one child
+/// process each, since the choice is process-wide): each run uses the set it asked for, and
+/// AVX-512 and AVX2 give the same bits (every tile product sums its `k` terms in order at any
+/// vector width, and the element-wise reductions keep eight partial sums at either width).
+#[test]
+fn flex_kernels_under_each_instruction_set() {
+    use relation_kernels::FlexSimd;
+    let levels: Vec<FlexSimd> = [FlexSimd::Avx512, FlexSimd::Avx2]
+        .into_iter()
+        .filter(|l| l.is_available())
+        .collect();
+    let mut seen = Vec::new();
+    for level in &levels {
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "flex_threads::simd_child",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("RELATION_SIMD", level.name())
+            .output()
+            .expect("the test binary runs");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let line = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("SIMD "))
+            .unwrap_or_else(|| panic!("no SIMD line from the child for {level:?}: {stdout}"));
+        let (used, digests) = line.split_once(' ').expect("name and digests");
+        assert_eq!(
+            used,
+            level.name(),
+            "RELATION_SIMD={} was not used",
+            level.name()
+        );
+        seen.push((level.name(), digests.to_string()));
+    }
+    for pair in seen.windows(2) {
+        assert_eq!(
+            pair[0].1, pair[1].1,
+            "the Flex kernels' bits differ between {} and {}",
+            pair[0].0, pair[1].0
+        );
+    }
+    eprintln!("instruction sets compared: {seen:?}");
+}

@@ -124,16 +124,19 @@ def main():
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (compiled on the first step, which is not timed)")
     a = p.parse_args()
     torch.manual_seed(0)
     model = Lm(a.mixer, a.vocab, a.d_model, a.layers, a.heads, a.d_ff)
+    step_model = torch.compile(model) if a.compile else model
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     params = sum(p.numel() for p in model.parameters())
     tokens = a.batch * a.seq_len
     marks = []
     for _ in range(a.steps):
         batch = torch.randint(0, a.vocab, (a.batch, a.seq_len + 1))
-        logits = model(batch[:, :-1])
+        logits = step_model(batch[:, :-1])
         loss = F.cross_entropy(logits.reshape(-1, a.vocab), batch[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -141,7 +144,7 @@ def main():
         opt.step()
         marks.append(time.perf_counter())
     rate = tokens * (len(marks) - 2) / (marks[-1] - marks[1])
-    print(f"torch {torch.__version__} {a.mixer} params={params / 1e6:.2f}M "
+    print(f"torch {torch.__version__} {a.mixer}{' compiled' if a.compile else ''} params={params / 1e6:.2f}M "
           f"threads={torch.get_num_threads()} tokens/s={rate:.0f}")
 
 

@@ -224,9 +224,151 @@ impl<K: Vectorized> pulp::WithSimd for Dispatch<K> {
     }
 }
 
-/// Runs `kernel` compiled for the best vector extension this CPU has (see [`Vectorized`]).
+/// Runs `kernel` compiled for the vector extension [`flex_simd`] chose (see [`Vectorized`]).
 pub(crate) fn vectorized<K: Vectorized>(kernel: K) -> K::Output {
-    pulp::Arch::new().dispatch(Dispatch(kernel))
+    arch().dispatch(Dispatch(kernel))
+}
+
+/// The vector instruction set the Flex kernels (tile products, element-wise loops) run with.
+/// Chosen once per process at run time, never by a compile-time flag: see [`flex_simd`].
+/// Faer's dense products make their own choice (AVX-512 wherever the CPU has it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FlexSimd {
+    /// x86-64-v4: AVX-512 (F, BW, CD, DQ, VL), 16 f32 lanes.
+    Avx512,
+    /// x86-64-v3: AVX2 and FMA, 8 f32 lanes.
+    Avx2,
+    /// What the target has without run-time detection: SSE2 on x86-64, NEON on aarch64, ...
+    Baseline,
+}
+
+impl FlexSimd {
+    /// The name `RELATION_SIMD` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Avx512 => "avx512",
+            Self::Avx2 => "avx2",
+            Self::Baseline => "baseline",
+        }
+    }
+
+    /// Whether this CPU can run it.
+    pub fn is_available(self) -> bool {
+        self.arch().is_some()
+    }
+
+    fn arch(self) -> Option<pulp::Arch> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx512 => pulp::x86::V4::try_new().map(pulp::Arch::V4),
+            #[cfg(target_arch = "x86_64")]
+            Self::Avx2 => pulp::x86::V3::try_new().map(pulp::Arch::V3),
+            #[cfg(target_arch = "x86_64")]
+            Self::Baseline => Some(pulp::Arch::Scalar),
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Avx512 | Self::Avx2 => None,
+            #[cfg(not(target_arch = "x86_64"))]
+            Self::Baseline => Some(pulp::Arch::new()),
+        }
+    }
+
+    /// The default for this CPU. AVX-512 on Intel CPUs that have it: their 512-bit units run
+    /// the tile products' FMAs at twice the width. AVX2 on every other x86-64 CPU with AVX2,
+    /// including AMD Zen 4, which has AVX-512 but splits each 512-bit operation in two, and where
+    /// 512-bit micro-kernels measured slower than the AVX2 ones. `Baseline` elsewhere.
+    pub fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Self::Avx512.is_available() && is_intel() {
+                return Self::Avx512;
+            }
+            if Self::Avx2.is_available() {
+                return Self::Avx2;
+            }
+        }
+        Self::Baseline
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn is_intel() -> bool {
+    // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
+    let id = std::arch::x86_64::__cpuid(0);
+    let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
+    vendor == *b"GenuineIntel"
+}
+
+/// 0: not chosen yet; otherwise 1 + the [`FlexSimd`] index.
+static SIMD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+const SIMD_LEVELS: [FlexSimd; 3] = [FlexSimd::Avx512, FlexSimd::Avx2, FlexSimd::Baseline];
+
+/// The instruction set the Flex kernels use: `RELATION_SIMD` (`avx512`, `avx2`, `baseline` or
+/// `auto`) when set to one this CPU has, else [`FlexSimd::detect`]. Read once per process; see
+/// [`set_flex_simd`] to change it.
+///
+/// Results are deterministic for any thread count under one choice. Between choices the bits
+/// can differ only where a kernel's reduction order follows the vector width; the tile
+/// products and the reductions of the element-wise kernels do not (each output sums its `k`
+/// terms in order, and the reductions keep eight partial sums at either width).
+pub fn flex_simd() -> FlexSimd {
+    use std::sync::atomic::Ordering;
+    match SIMD.load(Ordering::Relaxed) {
+        0 => {
+            let choice = simd_from_env().unwrap_or_else(FlexSimd::detect);
+            let index = SIMD_LEVELS.iter().position(|&l| l == choice).unwrap_or(2);
+            // A concurrent first call makes the same choice, so either store wins.
+            SIMD.store(index as u8 + 1, Ordering::Relaxed);
+            choice
+        }
+        i => SIMD_LEVELS[usize::from(i - 1)],
+    }
+}
+
+fn simd_from_env() -> Option<FlexSimd> {
+    let value = std::env::var("RELATION_SIMD").ok()?;
+    let level = match value.as_str() {
+        "auto" | "" => return None,
+        "avx512" => FlexSimd::Avx512,
+        "avx2" => FlexSimd::Avx2,
+        "baseline" => FlexSimd::Baseline,
+        other => {
+            eprintln!(
+                "warning: RELATION_SIMD={other} is not one of avx512, avx2, baseline, auto; using {}",
+                FlexSimd::detect().name()
+            );
+            return None;
+        }
+    };
+    if level.is_available() {
+        Some(level)
+    } else {
+        eprintln!(
+            "warning: RELATION_SIMD={value}: this CPU does not have it; using {}",
+            FlexSimd::detect().name()
+        );
+        None
+    }
+}
+
+/// Makes the Flex kernels use `level` from now on (benchmarks and tests compare the choices in
+/// one process).
+///
+/// # Errors
+/// [`KernelError::SimdUnavailable`] when this CPU cannot run `level`.
+pub fn set_flex_simd(level: FlexSimd) -> crate::Result<()> {
+    if !level.is_available() {
+        return Err(crate::KernelError::SimdUnavailable {
+            requested: level.name(),
+            detected: FlexSimd::detect().name(),
+        });
+    }
+    let index = SIMD_LEVELS.iter().position(|&l| l == level).unwrap_or(2);
+    SIMD.store(index as u8 + 1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+fn arch() -> pulp::Arch {
+    flex_simd().arch().unwrap_or(pulp::Arch::Scalar)
 }
 
 /// `e^x` in f32, branch-free so loops over slices vectorise (libm's `expf` is a call per
@@ -459,7 +601,7 @@ pub(crate) fn gemm<R: DstRows + ?Sized>(
         alpha,
         accumulate,
     };
-    let arch = pulp::Arch::new();
+    let arch = arch();
     match (lhs.cs, lhs.rs) {
         (1, _) => arch.dispatch(Tile::<'_, '_, R, false> { product, dst }),
         (_, 1) => arch.dispatch(Tile::<'_, '_, R, true> { product, dst }),
