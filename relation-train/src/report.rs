@@ -38,6 +38,8 @@ pub struct RunCurve {
     pub tokens_per_s: Vec<f64>,
     /// Parameters of the model.
     pub params: usize,
+    /// Tokens per optimizer step (`train.tokens_per_step` of the run's configuration).
+    pub tokens_per_step: u64,
 }
 
 impl RunCurve {
@@ -101,6 +103,7 @@ fn read_run(dir: &Path, variant: &str, seed: u64) -> Result<RunCurve> {
         steps: 0,
         tokens_per_s: Vec::new(),
         params: 0,
+        tokens_per_step: 0,
     };
     for line in lines {
         let cells: Vec<&str> = line.split(',').collect();
@@ -120,6 +123,7 @@ fn read_run(dir: &Path, variant: &str, seed: u64) -> Result<RunCurve> {
         serde_json::from_str(&fs::read_to_string(&config_path).map_err(io(&config_path))?)
             .map_err(|e| bad(format!("config.json: {e}")))?;
     run.steps = config["train"]["steps"].as_u64().unwrap_or(run.last_step);
+    run.tokens_per_step = config["train"]["tokens_per_step"].as_u64().unwrap_or(0);
     let model = RelationLmConfig::load(dir.join("model.json"))
         .map_err(|e| bad(format!("model.json: {e}")))?;
     run.params = model.init(&Device::default())?.num_params();
@@ -340,6 +344,173 @@ pub fn plots(runs: &[RunCurve], baseline: &str, out: &Path) -> std::result::Resu
         .map_err(|e| err(&e))?;
     root.present().map_err(|e| err(&e))?;
     Ok(())
+}
+
+/// One budget of a budget comparison: its name (`2m`), its runs and the tokens they trained on.
+pub struct Budget {
+    /// The name given on the command line.
+    pub name: String,
+    /// Every run of the budget's folder.
+    pub runs: Vec<RunCurve>,
+}
+
+/// A variant's difference to the baseline at one budget, paired by seed: `d_s = loss_v,s -
+/// loss_baseline,s` over the seeds where both finished.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairedDelta {
+    /// Training tokens of the budget (steps x tokens per step).
+    pub tokens: u64,
+    /// `(seed, d_s)` per paired seed.
+    pub per_seed: Vec<(u64, f64)>,
+    /// Mean of `d_s`.
+    pub mean: f64,
+    /// Standard error of that mean (`sd / sqrt(n)`; `None` for one seed).
+    pub se: Option<f64>,
+}
+
+/// Final validation loss of the finished runs of `variant`, by seed.
+fn finals_by_seed(runs: &[RunCurve], variant: &str) -> BTreeMap<u64, (f64, u64)> {
+    runs.iter()
+        .filter(|r| r.variant == variant && r.finished())
+        .filter_map(|r| Some((r.seed, (r.val.last()?.1, r.steps * r.tokens_per_step))))
+        .collect()
+}
+
+/// The paired difference of `variant` to `baseline` in `runs`; `None` without a paired seed.
+pub fn paired_delta(runs: &[RunCurve], variant: &str, baseline: &str) -> Option<PairedDelta> {
+    let base = finals_by_seed(runs, baseline);
+    let per: Vec<(u64, f64, u64)> = finals_by_seed(runs, variant)
+        .into_iter()
+        .filter_map(|(seed, (loss, tokens))| base.get(&seed).map(|b| (seed, loss - b.0, tokens)))
+        .collect();
+    if per.is_empty() {
+        return None;
+    }
+    let ds: Vec<f64> = per.iter().map(|p| p.1).collect();
+    let (mean, sd) = mean_sd(&ds);
+    Some(PairedDelta {
+        tokens: per[0].2,
+        per_seed: per.iter().map(|p| (p.0, p.1)).collect(),
+        mean,
+        se: (ds.len() > 1).then(|| sd / (ds.len() as f64).sqrt()),
+    })
+}
+
+/// The table of every variant's paired difference to `baseline` at every budget (Markdown),
+/// and `budget.png` in `out`: the differences against the training tokens, with ± one
+/// standard error.
+///
+/// # Errors
+/// Plotting or file errors, as text; no paired run at all.
+pub fn budget_report(
+    budgets: &[Budget],
+    baseline: &str,
+    out: &Path,
+) -> std::result::Result<String, String> {
+    use plotters::prelude::*;
+    let mut variants: Vec<&str> = Vec::new();
+    for r in budgets.iter().flat_map(|b| &b.runs) {
+        if r.variant != baseline && !variants.contains(&r.variant.as_str()) {
+            variants.push(&r.variant);
+        }
+    }
+    let mut table = format!(
+        "| variant | budget | tokens | paired seeds | Δ vs {baseline} (mean ± s.e.) | per seed |\n|---|---|---|---|---|---|\n"
+    );
+    let mut series: Vec<(&str, Vec<PairedDelta>)> = Vec::new();
+    for v in &variants {
+        let mut points = Vec::new();
+        for b in budgets {
+            let Some(d) = paired_delta(&b.runs, v, baseline) else {
+                continue;
+            };
+            let per_seed: Vec<String> = d
+                .per_seed
+                .iter()
+                .map(|(s, x)| format!("s{s}: {x:+.4}"))
+                .collect();
+            table.push_str(&format!(
+                "| {v} | {} | {:.2}M | {} | {:+.4} ± {} | {} |\n",
+                b.name,
+                d.tokens as f64 / 1e6,
+                d.per_seed.len(),
+                d.mean,
+                d.se.map_or("—".to_string(), |se| format!("{se:.4}")),
+                per_seed.join(", "),
+            ));
+            points.push(d);
+        }
+        if !points.is_empty() {
+            series.push((v, points));
+        }
+    }
+    if series.is_empty() {
+        return Err(format!(
+            "no variant has a seed paired with a finished {baseline} run"
+        ));
+    }
+
+    crate::metrics::register_font();
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let all: Vec<&PairedDelta> = series.iter().flat_map(|s| &s.1).collect();
+    let tmax = all.iter().map(|d| d.tokens as f64).fold(1.0, f64::max);
+    let (ylo, yhi) = all.iter().fold((0.0f64, 0.0f64), |(a, b), d| {
+        let se = d.se.unwrap_or(0.0);
+        (a.min(d.mean - se), b.max(d.mean + se))
+    });
+    let pad = ((yhi - ylo) * 0.1).max(1e-3);
+    let path = out.join("budget.png");
+    let root = BitMapBackend::new(&path, (1000, 640)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(&e))?;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(20)
+        .caption(
+            format!("validation loss minus {baseline}'s, paired by seed (± s.e.; < 0 is better)"),
+            ("sans-serif", 22),
+        )
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..tmax * 1.15, (ylo - pad)..(yhi + pad))
+        .map_err(|e| err(&e))?;
+    chart
+        .configure_mesh()
+        .x_desc("training tokens")
+        .x_label_formatter(&|t| format!("{:.1}M", t / 1e6))
+        .draw()
+        .map_err(|e| err(&e))?;
+    chart
+        .draw_series(LineSeries::new(vec![(0.0, 0.0), (tmax * 1.15, 0.0)], BLACK))
+        .map_err(|e| err(&e))?;
+    for (i, (v, points)) in series.iter().enumerate() {
+        let c = Palette99::pick(i).to_rgba();
+        let line: Vec<(f64, f64)> = points.iter().map(|d| (d.tokens as f64, d.mean)).collect();
+        chart
+            .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
+            .map_err(|e| err(&e))?
+            .label(v.to_string())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        chart
+            .draw_series(line.iter().map(|&p| Circle::new(p, 4, c.filled())))
+            .map_err(|e| err(&e))?;
+        chart
+            .draw_series(points.iter().filter_map(|d| {
+                let se = d.se?;
+                let t = d.tokens as f64;
+                Some(PathElement::new(
+                    vec![(t, d.mean - se), (t, d.mean + se)],
+                    c.stroke_width(2),
+                ))
+            }))
+            .map_err(|e| err(&e))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(&e))?;
+    root.present().map_err(|e| err(&e))?;
+    Ok(table)
 }
 
 /// One row of `scripts/bench/long-context.sh`'s CSV that ran to the end.

@@ -94,13 +94,20 @@ pub enum ResumeMode {
 #[derive(Debug, Args)]
 pub struct ReportArgs {
     /// Folder holding the runs (`<variant>-s<seed>/`).
-    #[arg(value_name = "DIR", required_unless_present = "long_context")]
+    #[arg(value_name = "DIR", required_unless_present_any = ["long_context", "budgets"])]
     pub runs: Option<PathBuf>,
     /// Instead of runs: plot the CSV of `scripts/bench/long-context.sh` (tokens/s and peak
     /// memory against the sequence length) into `long-context.png`.
     #[arg(long, value_name = "CSV", conflicts_with = "runs")]
     pub long_context: Option<PathBuf>,
-    /// Where `table.md`, `val.png` and `gap.png` (or `long-context.png`) go (created).
+    /// Instead of one folder of runs: several budgets of the same grid, `NAME=DIR` each
+    /// (e.g. `--budget 2m=docs/results/budget/2m/runs --budget 8m=...`). Writes `budget.md`
+    /// (every variant's difference to the baseline at every budget, paired by seed) and
+    /// `budget.png` (that difference against the training tokens).
+    #[arg(long = "budget", value_name = "NAME=DIR", conflicts_with_all = ["runs", "long_context"])]
+    pub budgets: Vec<String>,
+    /// Where `table.md`, `val.png` and `gap.png` (or `long-context.png`, or `budget.md` and
+    /// `budget.png`) go (created).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// The variant the others are compared with.
@@ -173,6 +180,36 @@ fn new_run_dir(preset: &str) -> Result<PathBuf> {
 
 fn run_report(args: &ReportArgs) -> Result<()> {
     std::fs::create_dir_all(&args.out).map_err(crate::error::io(&args.out))?;
+    if !args.budgets.is_empty() {
+        let mut budgets = Vec::new();
+        for spec in &args.budgets {
+            let Some((name, dir)) = spec.split_once('=') else {
+                return Err(TrainError::Invalid {
+                    name: "--budget",
+                    value: spec.clone(),
+                    rule: "expected NAME=DIR, e.g. 2m=docs/results/budget/2m/runs".into(),
+                });
+            };
+            let runs = crate::report::read_runs(std::path::Path::new(dir))?;
+            budgets.push(crate::report::Budget {
+                name: name.to_string(),
+                runs,
+            });
+        }
+        let table =
+            crate::report::budget_report(&budgets, &args.baseline, &args.out).map_err(|rule| {
+                TrainError::Invalid {
+                    name: "--budget",
+                    value: args.budgets.join(" "),
+                    rule,
+                }
+            })?;
+        let path = args.out.join("budget.md");
+        std::fs::write(&path, &table).map_err(crate::error::io(&path))?;
+        println!("{table}");
+        println!("wrote {} and budget.png", path.display());
+        return Ok(());
+    }
     let Some(dir) = &args.runs else {
         let csv = args
             .long_context

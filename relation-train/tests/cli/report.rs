@@ -49,6 +49,44 @@ fn report_tabulates_finished_runs() {
         let bytes = std::fs::read(out_dir.join(png)).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png}");
     }
+
+    // Budgets: the same folder twice stands in for two budgets of one grid. F pairs with A on
+    // seed 0 only (A has no seed 1); the unfinished L pairs with nothing.
+    let budget = |spec: &str| format!("{spec}={}", runs.to_str().unwrap());
+    let out = ok(&[
+        "report".to_string(),
+        "--budget".to_string(),
+        budget("small"),
+        "--budget".to_string(),
+        budget("again"),
+        "--out".to_string(),
+        out_dir.to_str().unwrap().to_string(),
+    ]);
+    let table = std::fs::read_to_string(out_dir.join("budget.md")).unwrap();
+    assert!(out.contains(table.lines().next().unwrap()), "{out}");
+    for name in ["small", "again"] {
+        assert!(
+            table.contains(&format!("| F | {name} | 0.00M | 1 | ")),
+            "F paired on one seed at {name}:\n{table}"
+        );
+    }
+    assert!(
+        !table.contains("| L |"),
+        "unfinished runs pair with nothing:\n{table}"
+    );
+    let bytes = std::fs::read(out_dir.join("budget.png")).unwrap();
+    assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n");
+    fails_with(
+        &[
+            "report".to_string(),
+            "--budget".to_string(),
+            runs.to_str().unwrap().to_string(),
+            "--out".to_string(),
+            out_dir.to_str().unwrap().to_string(),
+        ],
+        &[],
+        "expected NAME=DIR",
+    );
 }
 
 /// `relation report --long-context CSV` plots the finished rows of the long-context benchmark
