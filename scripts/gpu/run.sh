@@ -39,9 +39,9 @@ if [ "$rehearse" = 0 ]; then
 fi
 bin="${BIN_DIR:-/tmp/relation-gpu-bin}"
 mkdir -p "$bin"
-for b in kernels gpu_check; do
-  xz -dc ".gpu/$b.xz" > "$bin/$b" && chmod +x "$bin/$b" || { echo "cannot unpack .gpu/$b.xz" >&2; exit 2; }
-done
+xz -dc .gpu/bundle.tar.xz | tar -x -C "$bin" \
+  && [ -x "$bin/kernels" ] && [ -x "$bin/gpu_check" ] \
+  || { echo "cannot unpack .gpu/bundle.tar.xz into $bin" >&2; exit 2; }
 cp .gpu/features "$OUT/features.txt"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/gpu.txt" 2>&1 \
   || echo "no nvidia-smi on this machine" >> "$OUT/gpu.txt"
