@@ -354,7 +354,7 @@ fn simd_from_env() -> Option<FlexSimd> {
 /// one process).
 ///
 /// # Errors
-/// [`KernelError::SimdUnavailable`] when this CPU cannot run `level`.
+/// [`KernelError::SimdUnavailable`](crate::KernelError::SimdUnavailable) when this CPU cannot run `level`.
 pub fn set_flex_simd(level: FlexSimd) -> crate::Result<()> {
     if !level.is_available() {
         return Err(crate::KernelError::SimdUnavailable {
