@@ -237,8 +237,8 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 continue;
             };
             let ratio = |method: &str, train: bool| {
-                at_or_below(&rows, method, fused.seq)
-                    .filter(|r| r.seq == fused.seq)
+                rows.iter()
+                    .find(|r| r.method == method && r.seq == fused.seq)
                     .map_or("-".to_string(), |r| {
                         let (a, b) = if train {
                             (r.train_ms, fused.train_ms)

@@ -53,14 +53,6 @@ pub enum KernelError {
         /// The supported chunk sizes.
         allowed: &'static [usize],
     },
-    /// A vector instruction set was asked of the Flex kernels that this CPU does not have.
-    #[error("this CPU cannot run the Flex kernels with {requested} (it has {detected})")]
-    SimdUnavailable {
-        /// The instruction set that was asked for.
-        requested: &'static str,
-        /// The best one this CPU has, as chosen by default.
-        detected: &'static str,
-    },
     /// A Linear Relation mode written as text is none of `recurrent`, `chunked`, `chunked:N`.
     #[error(
         "`{given}` is not a Linear Relation mode: expected `recurrent`, `chunked` or `chunked:N` (N in 16, 32, 64)"

@@ -49,7 +49,7 @@ pub use ops::{FlashParams, LinearParams, RelationOps};
 pub use self_relation::self_relation;
 pub use strategy::{KERNEL_DTYPES, Strategy, has_kernels, is_cube, is_flex};
 #[cfg(feature = "flex")]
-pub use tile::flex::{FlexSimd, flex_simd, set_flex_simd};
+pub use tile::flex::{FlexSimd, flex_simd};
 
 // Test support: public with the `testing` feature (the tests and benchmarks of this workspace),
 // crate-private otherwise (the kernels still count launches and honour poisoning; nothing outside

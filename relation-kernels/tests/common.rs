@@ -108,6 +108,34 @@ pub fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
     Tensor::from_data(x.into_data().convert::<f32>(), &Device::flex())
 }
 
+/// `device_tests_on!([flex, wgpu: "wgpu", …] fn name(device) { … } …)`: for each `fn`, the
+/// module `name` with one test per listed device, named after the device's constructor in this
+/// module (`flex()`, `wgpu()`, …) and compiled only with the cargo feature after its colon. The
+/// device lists live in [`device_tests!`] and [`bf16_device_tests!`].
+macro_rules! device_tests_on {
+    ($devices:tt) => {};
+    ($devices:tt fn $name:ident($device:ident) $body:block $($rest:tt)*) => {
+        device_tests_on!(@module $devices $name $device $body);
+        device_tests_on!($devices $($rest)*);
+    };
+    (@module [$($test:ident $(: $feature:literal)?),*] $name:ident $device:ident $body:block) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            fn body($device: burn::tensor::Device) $body
+
+            $(
+                $(#[cfg(feature = $feature)])?
+                #[test]
+                fn $test() {
+                    body(crate::common::$test())
+                }
+            )*
+        }
+    };
+}
+
 /// One test per device with kernels: `device_tests! { fn name(device) { … } }` makes the module
 /// `name` with the tests `name::flex`, `name::wgpu` (with the `wgpu` feature), `name::vulkan`,
 /// `name::metal`, `name::cube_cpu` (the `cpu` feature) and `name::cuda`, each running the body
@@ -115,50 +143,11 @@ pub fn to_flex<const N: usize>(x: Tensor<N>) -> Tensor<N> {
 /// Building with a backend's feature adds its tests (none can be skipped at run time); pick
 /// devices with cargo's name filter, e.g. `-- ::cube_cpu` or `-- ::cuda`.
 macro_rules! device_tests {
-    ($(fn $name:ident($device:ident) $body:block)*) => {
-        $(
-            mod $name {
-                #[allow(unused_imports)]
-                use super::*;
-
-                fn body($device: burn::tensor::Device) $body
-
-                #[test]
-                fn flex() {
-                    body(crate::common::flex())
-                }
-
-                #[cfg(feature = "wgpu")]
-                #[test]
-                fn wgpu() {
-                    body(crate::common::wgpu())
-                }
-
-                #[cfg(feature = "vulkan")]
-                #[test]
-                fn vulkan() {
-                    body(crate::common::vulkan())
-                }
-
-                #[cfg(feature = "metal")]
-                #[test]
-                fn metal() {
-                    body(crate::common::metal())
-                }
-
-                #[cfg(feature = "cpu")]
-                #[test]
-                fn cube_cpu() {
-                    body(crate::common::cube_cpu())
-                }
-
-                #[cfg(feature = "cuda")]
-                #[test]
-                fn cuda() {
-                    body(crate::common::cuda())
-                }
-            }
-        )*
+    ($($tests:tt)*) => {
+        device_tests_on!(
+            [flex, wgpu: "wgpu", vulkan: "vulkan", metal: "metal", cube_cpu: "cpu", cuda: "cuda"]
+            $($tests)*
+        );
     };
 }
 
@@ -169,12 +158,10 @@ macro_rules! device_tests {
 /// body asserts the device's support first, so a runtime that drops bf16 fails loudly here.
 macro_rules! bf16_device_tests {
     ($(fn $name:ident($device:ident) $body:block)*) => {
-        $(
-            mod $name {
-                #[allow(unused_imports)]
-                use super::*;
-
-                fn body($device: burn::tensor::Device) {
+        device_tests_on!(
+            [flex, cube_cpu: "cpu", cuda: "cuda"]
+            $(
+                fn $name($device) {
                     assert!(
                         $device.supports_dtype(burn::tensor::DType::BF16),
                         "{:?} reports no bf16 support: bf16 kernel tests cannot run on it",
@@ -182,25 +169,8 @@ macro_rules! bf16_device_tests {
                     );
                     $body
                 }
-
-                #[test]
-                fn flex() {
-                    body(crate::common::flex())
-                }
-
-                #[cfg(feature = "cpu")]
-                #[test]
-                fn cube_cpu() {
-                    body(crate::common::cube_cpu())
-                }
-
-                #[cfg(feature = "cuda")]
-                #[test]
-                fn cuda() {
-                    body(crate::common::cuda())
-                }
-            }
-        )*
+            )*
+        );
     };
 }
 

@@ -298,30 +298,19 @@ fn is_intel() -> bool {
     vendor == *b"GenuineIntel"
 }
 
-/// 0: not chosen yet; otherwise 1 + the [`FlexSimd`] index.
-static SIMD: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-const SIMD_LEVELS: [FlexSimd; 3] = [FlexSimd::Avx512, FlexSimd::Avx2, FlexSimd::Baseline];
+/// The choice of [`flex_simd`], made on its first call.
+static SIMD: std::sync::OnceLock<FlexSimd> = std::sync::OnceLock::new();
 
 /// The instruction set the Flex kernels use: `RELATION_SIMD` (`avx512`, `avx2`, `baseline` or
-/// `auto`) when set to one this CPU has, else [`FlexSimd::detect`]. Read once per process; see
-/// [`set_flex_simd`] to change it.
+/// `auto`) when set to one this CPU has, else [`FlexSimd::detect`]. Chosen once per process
+/// (benchmarks and tests compare the choices in one child process each).
 ///
 /// Results are deterministic for any thread count under one choice. Between choices the bits
 /// can differ only where a kernel's reduction order follows the vector width; the tile
 /// products and the reductions of the element-wise kernels do not (each output sums its `k`
 /// terms in order, and the reductions keep eight partial sums at either width).
 pub fn flex_simd() -> FlexSimd {
-    use std::sync::atomic::Ordering;
-    match SIMD.load(Ordering::Relaxed) {
-        0 => {
-            let choice = simd_from_env().unwrap_or_else(FlexSimd::detect);
-            let index = SIMD_LEVELS.iter().position(|&l| l == choice).unwrap_or(2);
-            // A concurrent first call makes the same choice, so either store wins.
-            SIMD.store(index as u8 + 1, Ordering::Relaxed);
-            choice
-        }
-        i => SIMD_LEVELS[usize::from(i - 1)],
-    }
+    *SIMD.get_or_init(|| simd_from_env().unwrap_or_else(FlexSimd::detect))
 }
 
 fn simd_from_env() -> Option<FlexSimd> {
@@ -348,23 +337,6 @@ fn simd_from_env() -> Option<FlexSimd> {
         );
         None
     }
-}
-
-/// Makes the Flex kernels use `level` from now on (benchmarks and tests compare the choices in
-/// one process).
-///
-/// # Errors
-/// [`KernelError::SimdUnavailable`](crate::KernelError::SimdUnavailable) when this CPU cannot run `level`.
-pub fn set_flex_simd(level: FlexSimd) -> crate::Result<()> {
-    if !level.is_available() {
-        return Err(crate::KernelError::SimdUnavailable {
-            requested: level.name(),
-            detected: FlexSimd::detect().name(),
-        });
-    }
-    let index = SIMD_LEVELS.iter().position(|&l| l == level).unwrap_or(2);
-    SIMD.store(index as u8 + 1, std::sync::atomic::Ordering::Relaxed);
-    Ok(())
 }
 
 fn arch() -> pulp::Arch {
