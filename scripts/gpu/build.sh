@@ -39,7 +39,6 @@ case "$mode" in
   *) echo "usage: scripts/gpu/build.sh [--cuda | --rehearse]" >&2; exit 2 ;;
 esac
 rm -rf .gpu && mkdir -p .gpu
-grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
 echo "$features" > .gpu/features
 [ "$mode" = --rehearse ] && touch .gpu/rehearsal
 
@@ -77,7 +76,6 @@ fi
 
 # The Vulkan loader for the GPU machine (it may have a driver but no loader).
 if [ ! -d .gl ]; then
-  grep -qx '/.gl/' .git/info/exclude || echo '/.gl/' >> .git/info/exclude
   mkdir -p .gl /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   apt-get $o update -qq
