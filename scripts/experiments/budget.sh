@@ -43,19 +43,7 @@ variant_flags() {
   esac
 }
 
-commit_run() {
-  collect_raw "$RAW"
-  [ "${COMMIT_EACH:-0}" = 1 ] || return 0
-  local name try
-  name=$(basename "$1")
-  git add "$RAW/$name"
-  for try in 1 2 3 4 5; do
-    git commit -q -m "Results: $BUDGET run $name finished (scripts/experiments/budget.sh)" -- "$RAW/$name" && return 0
-    sleep 5 # another commit holds the index
-  done
-  echo "could not commit $RAW/$name" >&2
-}
-ON_FINISH=commit_run
+ON_FINISH=commit_finished_run
 
 for BUDGET in $BUDGETS; do
   case "$BUDGET" in
@@ -65,6 +53,7 @@ for BUDGET in $BUDGETS; do
   esac
   OUT="runs/budget/$BUDGET"
   RAW="docs/results/budget/$BUDGET/runs"
+  LABEL="$BUDGET"
   COMMON=("${CORPUS[@]}" --n-layers 4 --d-model 256 --d-ff 512 --seq-len 256 --batch-size 16
     --tokens-per-step 4096 --steps "$STEPS" --lr 1e-3 --warmup-steps 40 --decay-fraction 0.2
     --min-lr-ratio 0 --weight-decay 0.1 --grad-clip 1.0 --eval-every "$EVAL"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Shared runner of the experiment grids (sourced by small.sh and budget.sh).
+# Shared runner of the experiment grids (sourced by small.sh, packing.sh and budget.sh).
 #
 # The caller sets: BIN (the relation binary), OUT (runs folder), STEPS, SEEDS, VARIANTS, the
 # array COMMON (flags every run shares) and a function variant_flags VARIANT (the variant's own
 # flags). `run_grid` trains every (seed, variant) pair into $OUT/<variant>-s<seed>: a finished run
-# (metrics.csv has STEPS rows) is skipped, an unfinished one resumed bit-exactly from its latest
-# checkpoint, so a grid can be stopped (STOP_AT=N, or a kill) and rerun at will. `ON_FINISH`
+# is skipped (its metrics.csv has STEPS rows, in the run folder or, when the caller sets RAW, among
+# the raw metrics the repository keeps there, so a fresh clone without runs/ redoes nothing), an
+# unfinished one resumed bit-exactly from its latest checkpoint, so a grid can be stopped
+# (STOP_AT=N, or a kill) and rerun at will. `ON_FINISH`
 # (optional) names a command run with the run folder after each run that finished.
 
 # Builds the binary unless BIN pins one (a copy, so that rebuilding the workspace while runs go on
@@ -31,6 +33,10 @@ run_grid() {
       dir="$OUT/$variant-s$seed"
       if [ "$(finished_steps "$dir")" -ge "$STEPS" ]; then
         echo "== $dir: finished, skipped"
+        continue
+      fi
+      if [ -n "${RAW:-}" ] && [ "$(finished_steps "$RAW/$variant-s$seed")" -ge "$STEPS" ]; then
+        echo "== $dir: finished (metrics in $RAW), skipped"
         continue
       fi
       stop=()
