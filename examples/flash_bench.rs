@@ -161,7 +161,7 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
 /// backends' peak-memory column.
 pub fn run(args: &Args) {
     let device = args.bench.device();
-    if !device.supports_dtype(args.dtype) {
+    if !relation_kernels::device::supports_dtype(&device, args.dtype) {
         let note = format!(
             "FlashRelation benchmark on {}: {:?} is not supported by this device; nothing measured\n",
             device_label(&device),

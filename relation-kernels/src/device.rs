@@ -110,3 +110,57 @@ pub fn parse_device(spec: &str) -> Result<Device, DeviceError> {
         }
     }
 }
+
+/// Whether `device` (autodiff or not) computes in `dtype` on this machine: Burn's
+/// `Device::supports_dtype`, refined where a runtime registers a dtype that the host it runs on
+/// cannot compile.
+///
+/// The one such case known: CubeCL's CPU runtime registers bf16 everywhere, but its LLVM JIT
+/// turns every f32 → bf16 rounding into the CPU's own conversion instruction when the CPU has
+/// one (x86-64: AVX512-BF16 or AVX-NE-CONVERT) and otherwise into a call to a runtime helper
+/// (`__truncsfbf2`) that the JIT cannot resolve, so every bf16 kernel, Burn's own included, fails
+/// to load there (an AMD Zen 2, say). Checked here, a bf16 call on such a machine is refused
+/// with [`KernelError::DtypeUnavailable`](crate::KernelError::DtypeUnavailable) before any kernel
+/// is built, and the trainer refuses `--precision bf16` on it.
+pub fn supports_dtype(device: &Device, dtype: burn::tensor::DType) -> bool {
+    device.supports_dtype(dtype) && dtype_unavailable_because(device, dtype).is_none()
+}
+
+/// Why `device` cannot compute in `dtype` on this machine although its runtime registers it
+/// (see [`supports_dtype`]); `None` when nothing is known against it.
+pub fn dtype_unavailable_because(
+    device: &Device,
+    dtype: burn::tensor::DType,
+) -> Option<&'static str> {
+    #[cfg(feature = "cpu")]
+    {
+        let cube_cpu = matches!(
+            device.clone().inner().as_dispatch(),
+            burn::backend::DispatchDevice::Cube(d) if d.runtime() == cubecl::RuntimeId::Cpu
+        );
+        if cube_cpu && dtype == burn::tensor::DType::BF16 && !host_rounds_to_bf16() {
+            return Some(
+                "CubeCL's CPU runtime needs the CPU's own f32 -> bf16 conversion (AVX512-BF16 or \
+                 AVX-NE-CONVERT on x86-64) and this CPU has neither; use f16 or f32 there, or bf16 on Flex",
+            );
+        }
+    }
+    let _ = (device, dtype);
+    None
+}
+
+/// Whether LLVM compiles an f32 → bf16 rounding on this CPU without a runtime helper.
+#[cfg(feature = "cpu")]
+fn host_rounds_to_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512bf16")
+            || std::arch::is_x86_feature_detected!("avxneconvert")
+    }
+    // Elsewhere (AArch64: LLVM expands the rounding in integer instructions) nothing is known
+    // against it.
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        true
+    }
+}

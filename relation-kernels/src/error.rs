@@ -33,6 +33,19 @@ pub enum KernelError {
         /// The dtype that was passed.
         dtype: String,
     },
+    /// The device's runtime cannot compute in the inputs' dtype on this machine (see
+    /// [`supports_dtype`](crate::device::supports_dtype)): refused before any kernel is built.
+    #[error("`{op}` on device {device}: no {dtype} here: {why}")]
+    DtypeUnavailable {
+        /// The operation.
+        op: &'static str,
+        /// The device that was passed.
+        device: String,
+        /// The dtype that was passed.
+        dtype: String,
+        /// Why the device has no such arithmetic on this machine.
+        why: &'static str,
+    },
     /// The head dimension is larger than the kernel supports.
     #[error("`{op}` kernel supports head dims up to {max}, got D = {head_dim}")]
     HeadDimTooLarge {

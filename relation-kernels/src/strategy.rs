@@ -55,6 +55,15 @@ impl Strategy {
     ) -> crate::Result<bool> {
         let device = x.device();
         let dtype = x.dtype();
+        if let Some(why) = crate::device::dtype_unavailable_because(&device, dtype) {
+            // Either path would fail to load its kernels (Burn's own as well as ours).
+            return Err(crate::KernelError::DtypeUnavailable {
+                op,
+                device: format!("{device:?}"),
+                dtype: format!("{dtype:?}"),
+                why,
+            });
+        }
         let dtype_ok = KERNEL_DTYPES.contains(&dtype);
         let fused = match self {
             Self::Reference => false,

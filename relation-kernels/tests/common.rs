@@ -155,7 +155,10 @@ macro_rules! device_tests {
 /// CPU runtime (it registers bf16 for every use) and CUDA. WGSL has no bf16, so the wgpu tests on
 /// software Vulkan cannot have one; on a Vulkan GPU the SPIR-V compiler may offer bf16 buffers
 /// (an extension), which the FlashRelation benchmark exercises when the device reports it. The
-/// body asserts the device's support first, so a runtime that drops bf16 fails loudly here.
+/// body asserts the runtime's support first, so a runtime that drops bf16 fails loudly here. On a
+/// machine where the runtime registers bf16 but cannot compile it (CubeCL's CPU runtime on a CPU
+/// without a bf16 conversion instruction, see `relation_kernels::device::supports_dtype`), the
+/// test checks instead that every kernel entry point refuses bf16 with a typed error.
 macro_rules! bf16_device_tests {
     ($(fn $name:ident($device:ident) $body:block)*) => {
         device_tests_on!(
@@ -167,11 +170,62 @@ macro_rules! bf16_device_tests {
                         "{:?} reports no bf16 support: bf16 kernel tests cannot run on it",
                         $device
                     );
-                    $body
+                    if relation_kernels::device::supports_dtype(
+                        &$device,
+                        burn::tensor::DType::BF16,
+                    ) {
+                        $body
+                    } else {
+                        crate::common::assert_bf16_refused(&$device);
+                    }
                 }
             )*
         );
     };
+}
+
+/// On a machine where `device` registers bf16 but cannot compile it: FlashRelation and Linear
+/// Relation (recurrent, chunked, one decoding step), under every strategy, refuse bf16 inputs
+/// with `KernelError::DtypeUnavailable` naming the device, before any kernel is built (a kernel
+/// that failed to load would panic on the device's server thread instead).
+pub fn assert_bf16_refused(device: &Device) {
+    use relation_kernels::{
+        KernelError, LinearRelationMode, chunk_linear_relation, linear_relation,
+    };
+    let dims = [1, 5, 2, 8];
+    // Converted on the host: a cast on the device would itself be a bf16 kernel.
+    let tensor = |value: fn(usize) -> f32| {
+        let values: Vec<f32> = (0..dims.iter().product()).map(value).collect();
+        let data = TensorData::new(values, dims).convert::<burn::tensor::bf16>();
+        Tensor::<4>::from_data(data, (device, burn::tensor::DType::BF16))
+    };
+    let x = || tensor(|i| 0.05 * i as f32 - 1.0);
+    let lambda = Tensor::<1>::from_data([0.5f32], device);
+    let refused = |what: &str, err: Option<KernelError>| match err {
+        Some(KernelError::DtypeUnavailable { dtype, .. }) => assert_eq!(dtype, "BF16", "{what}"),
+        other => panic!("{what}: expected DtypeUnavailable for bf16 on {device:?}, got {other:?}"),
+    };
+    for strategy in [Strategy::Auto, Strategy::Fused, Strategy::Reference] {
+        let flash = flash_relation(x(), x(), x(), lambda.clone(), DEFAULT_TAU, strategy);
+        refused(&format!("flash_relation {strategy:?}"), flash.err());
+        let gates = tensor(|_| -0.1);
+        let recurrent = linear_relation(
+            x(),
+            x(),
+            x(),
+            gates.clone(),
+            DEFAULT_TAU,
+            None,
+            LinearRelationMode::Recurrent,
+            strategy,
+        );
+        refused(&format!("linear_relation {strategy:?}"), recurrent.err());
+        let chunked = chunk_linear_relation(x(), x(), x(), gates, DEFAULT_TAU, None, 16, strategy);
+        refused(
+            &format!("chunk_linear_relation {strategy:?}"),
+            chunked.err(),
+        );
+    }
 }
 
 /// `Y` of the fused FlashRelation and the gradients of `sum(Y ⊙ weights)` for `p1`, `p2`,

@@ -65,12 +65,20 @@ impl Precision {
     /// [`TrainError::Invalid`] naming the first device without it.
     pub fn check(self, devices: &[Device]) -> Result<()> {
         let dtype: DType = self.dtype().into();
-        match devices.iter().find(|d| !d.supports_dtype(dtype)) {
+        let unavailable = |d: &Device| {
+            if !d.supports_dtype(dtype) {
+                Some(format!("{d:?} has no {dtype:?} arithmetic; use f32 there"))
+            } else {
+                relation_kernels::device::dtype_unavailable_because(d, dtype)
+                    .map(|why| format!("{d:?} has no {dtype:?} arithmetic on this machine: {why}"))
+            }
+        };
+        match devices.iter().find_map(unavailable) {
             None => Ok(()),
-            Some(device) => Err(TrainError::Invalid {
+            Some(rule) => Err(TrainError::Invalid {
                 name: "train.precision",
                 value: self.name().into(),
-                rule: format!("{device:?} has no {dtype:?} arithmetic; use f32 there"),
+                rule,
             }),
         }
     }
