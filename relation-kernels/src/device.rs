@@ -118,10 +118,10 @@ pub fn parse_device(spec: &str) -> Result<Device, DeviceError> {
 /// The one such case known: CubeCL's CPU runtime registers bf16 everywhere, but its LLVM JIT
 /// turns every f32 → bf16 rounding into the CPU's own conversion instruction when the CPU has
 /// one (x86-64: AVX512-BF16 or AVX-NE-CONVERT) and otherwise into a call to a runtime helper
-/// (`__truncsfbf2`) that the JIT cannot resolve, so every bf16 kernel, Burn's own included, fails
-/// to load there (an AMD Zen 2, say). Checked here, a bf16 call on such a machine is refused
-/// with [`KernelError::DtypeUnavailable`](crate::KernelError::DtypeUnavailable) before any kernel
-/// is built, and the trainer refuses `--precision bf16` on it.
+/// (`__truncsfbf2`) that the JIT cannot resolve, so every bf16 kernel, Burn's own included,
+/// fails to load there (an AMD EPYC of family 23, say). Checked here, a bf16 call on such a
+/// machine is refused with [`KernelError::DtypeUnavailable`](crate::KernelError::DtypeUnavailable)
+/// before any kernel is built, and the trainer refuses `--precision bf16` on it.
 pub fn supports_dtype(device: &Device, dtype: burn::tensor::DType) -> bool {
     device.supports_dtype(dtype) && dtype_unavailable_because(device, dtype).is_none()
 }
@@ -140,8 +140,9 @@ pub fn dtype_unavailable_because(
         );
         if cube_cpu && dtype == burn::tensor::DType::BF16 && !host_rounds_to_bf16() {
             return Some(
-                "CubeCL's CPU runtime needs the CPU's own f32 -> bf16 conversion (AVX512-BF16 or \
-                 AVX-NE-CONVERT on x86-64) and this CPU has neither; use f16 or f32 there, or bf16 on Flex",
+                "CubeCL's CPU runtime needs the CPU's own f32 -> bf16 conversion (AVX512-BF16 \
+                 or AVX-NE-CONVERT on x86-64) and this CPU has neither; use f16 or f32 there, \
+                 or bf16 on Flex",
             );
         }
     }
