@@ -134,11 +134,14 @@ pub fn dtype_unavailable_because(
 ) -> Option<&'static str> {
     #[cfg(feature = "cpu")]
     {
-        let cube_cpu = matches!(
-            device.clone().inner().as_dispatch(),
-            burn::backend::DispatchDevice::Cube(d) if d.runtime() == cubecl::RuntimeId::Cpu
-        );
-        if cube_cpu && dtype == burn::tensor::DType::BF16 && !host_rounds_to_bf16() {
+        // Cheapest test first: every kernel call asks, and only bf16 can be refused.
+        let cube_cpu = || {
+            matches!(
+                device.clone().inner().as_dispatch(),
+                burn::backend::DispatchDevice::Cube(d) if d.runtime() == cubecl::RuntimeId::Cpu
+            )
+        };
+        if dtype == burn::tensor::DType::BF16 && !host_rounds_to_bf16() && cube_cpu() {
             return Some(
                 "CubeCL's CPU runtime needs the CPU's own f32 -> bf16 conversion (AVX512-BF16 \
                  or AVX-NE-CONVERT on x86-64) and this CPU has neither; use f16 or f32 there, \

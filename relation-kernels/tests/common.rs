@@ -191,15 +191,17 @@ macro_rules! bf16_device_tests {
 pub fn assert_bf16_refused(device: &Device) {
     use relation_kernels::{
         KernelError, LinearRelationMode, chunk_linear_relation, linear_relation,
+        linear_relation_step,
     };
-    let dims = [1, 5, 2, 8];
+    // [B, T, H, D] inputs; the decoding state is [B, H, D, D].
+    let (dims, state_dims) = ([1, 5, 2, 8], [1, 2, 8, 8]);
     // Converted on the host: a cast on the device would itself be a bf16 kernel.
-    let tensor = |value: fn(usize) -> f32| {
-        let values: Vec<f32> = (0..dims.iter().product()).map(value).collect();
-        let data = TensorData::new(values, dims).convert::<burn::tensor::bf16>();
+    let tensor = |shape: [usize; 4], value: fn(usize) -> f32| {
+        let values: Vec<f32> = (0..shape.iter().product()).map(value).collect();
+        let data = TensorData::new(values, shape).convert::<burn::tensor::bf16>();
         Tensor::<4>::from_data(data, (device, burn::tensor::DType::BF16))
     };
-    let x = || tensor(|i| 0.05 * i as f32 - 1.0);
+    let x = || tensor(dims, |i| 0.05 * i as f32 - 1.0);
     let lambda = Tensor::<1>::from_data([0.5f32], device);
     let refused = |what: &str, err: Option<KernelError>| match err {
         Some(KernelError::DtypeUnavailable { dtype, .. }) => assert_eq!(dtype, "BF16", "{what}"),
@@ -208,7 +210,7 @@ pub fn assert_bf16_refused(device: &Device) {
     for strategy in [Strategy::Auto, Strategy::Fused, Strategy::Reference] {
         let flash = flash_relation(x(), x(), x(), lambda.clone(), DEFAULT_TAU, strategy);
         refused(&format!("flash_relation {strategy:?}"), flash.err());
-        let gates = tensor(|_| -0.1);
+        let gates = tensor(dims, |_| -0.1);
         let recurrent = linear_relation(
             x(),
             x(),
@@ -220,6 +222,16 @@ pub fn assert_bf16_refused(device: &Device) {
             strategy,
         );
         refused(&format!("linear_relation {strategy:?}"), recurrent.err());
+        let step = linear_relation_step(
+            x(),
+            x(),
+            x(),
+            gates.clone(),
+            DEFAULT_TAU,
+            tensor(state_dims, |_| 0.0),
+            strategy,
+        );
+        refused(&format!("linear_relation_step {strategy:?}"), step.err());
         let chunked = chunk_linear_relation(x(), x(), x(), gates, DEFAULT_TAU, None, 16, strategy);
         refused(
             &format!("chunk_linear_relation {strategy:?}"),

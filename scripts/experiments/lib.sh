@@ -7,8 +7,8 @@
 # is skipped (its metrics.csv has STEPS rows, in the run folder or, when the caller sets RAW, among
 # the raw metrics the repository keeps there, so a fresh clone without runs/ redoes nothing), an
 # unfinished one resumed bit-exactly from its latest checkpoint, so a grid can be stopped
-# (STOP_AT=N, or a kill) and rerun at will. `ON_FINISH`
-# (optional) names a command run with the run folder after each run that finished.
+# (STOP_AT=N, or a kill) and rerun at will. `ON_FINISH` (optional) names a command run with the
+# run folder after each run that finished.
 
 # Builds the binary unless BIN pins one (a copy, so that rebuilding the workspace while runs go on
 # cannot change the code under them).
