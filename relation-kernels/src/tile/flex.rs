@@ -785,3 +785,33 @@ pub(crate) fn product(
     }
     y
 }
+
+/// The transpose of a row-major `[rows, cols]` array, row-major `[cols, rows]`.
+///
+/// Split over the thread pool by bands of `BLOCK` output rows (`BLOCK` input columns), so
+/// that each input row is read `BLOCK` values at a time and the writes stay within `BLOCK`
+/// output rows. A pure copy: the result does not depend on the split.
+pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    const BLOCK: usize = 32;
+    assert_eq!(src.len(), rows * cols, "transpose of a [rows, cols] array");
+    let mut out = output(rows * cols);
+    if out.is_empty() {
+        return out;
+    }
+    out.par_chunks_mut(BLOCK * rows) // output rows c0..c0 + BLOCK (input columns), [BLOCK, rows]
+        .enumerate()
+        .for_each(|(band, dst)| {
+            let c0 = band * BLOCK;
+            let width = dst.len() / rows; // BLOCK, or fewer in the last band
+            // Input row r gives `width` consecutive reads; its writes land in the band's
+            // `width` output rows at column r, so consecutive r fill the same cache lines.
+            for r in 0..rows {
+                let from = &src[r * cols + c0..r * cols + c0 + width];
+                for (c, &v) in from.iter().enumerate() {
+                    dst[c * rows + r] = v;
+                }
+            }
+        });
+    out
+}
