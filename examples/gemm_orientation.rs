@@ -101,194 +101,142 @@ fn main() {
     // C = Aᵀ B (A stored [K, M]): the weight gradients. The tied head's is M = V, N = d.
     for (m, cols) in [(d, d), (f, d), (d, f), (v, d), (d, v)] {
         let (a, b) = (values(n * m, 1), values(n * cols, 2)); // [K, M], [K, N]
-        let (mut c, mut ct) = (vec![0.0; m * cols], vec![0.0; m * cols]);
-        let flops = 2.0 * (m * cols * n) as f64;
-        let shape = || format!("{m} x {cols} x {n}");
-        row(
-            "Aᵀ B, direct",
-            shape(),
-            time(flops, || {
-                product(
-                    &mut c,
-                    m,
-                    cols,
-                    Accum::Replace,
-                    view(&a, n, m).transpose(),
-                    view(&b, n, cols),
-                )
-            }),
-        );
-        row(
-            "Aᵀ B, as (Bᵀ A)ᵀ + transpose",
-            shape(),
-            time(flops, || {
-                product(
-                    &mut ct,
-                    cols,
-                    m,
-                    Accum::Replace,
-                    view(&b, n, cols).transpose(),
-                    view(&a, n, m),
-                );
-                transpose(&ct, cols, m, &mut c);
-            }),
-        );
+        direct_or_turned("Aᵀ B", view(&a, n, m).transpose(), view(&b, n, cols));
     }
-
     // C = A Bᵀ (B stored [N, K]): input gradients (N = d), the tied head's forward (N = V),
     // one token of decoding (M = 1).
     for (m, cols, k) in [(n, d, d), (n, d, f), (n, v, d), (1, v, d)] {
         let (a, b) = (values(m * k, 3), values(cols * k, 4)); // [M, K], [N, K]
-        let (mut c, mut ct) = (vec![0.0; m * cols], vec![0.0; m * cols]);
-        let flops = 2.0 * (m * cols * k) as f64;
-        let shape = || format!("{m} x {cols} x {k}");
-        row(
-            "A Bᵀ, direct",
-            shape(),
-            time(flops, || {
-                product(
-                    &mut c,
-                    m,
-                    cols,
-                    Accum::Replace,
-                    view(&a, m, k),
-                    view(&b, cols, k).transpose(),
-                )
-            }),
-        );
-        row(
-            "A Bᵀ, as (B Aᵀ)ᵀ + transpose",
-            shape(),
-            time(flops, || {
-                product(
-                    &mut ct,
-                    cols,
-                    m,
-                    Accum::Replace,
-                    view(&b, cols, k),
-                    view(&a, m, k).transpose(),
-                );
-                transpose(&ct, cols, m, &mut c);
-            }),
-        );
+        direct_or_turned("A Bᵀ", view(&a, m, k), view(&b, cols, k).transpose());
     }
 
     // Three [d, d] projections (P1, P2, I) against one [d, 3d]; SwiGLU's gate and up against one
-    // [d, 2 d_ff]: forward, input gradient (accumulated over the three) and weight gradient.
-    let x = values(n * d, 5);
-    let w: Vec<Vec<f32>> = (0..3).map(|i| values(d * d, 6 + i)).collect();
-    let g: Vec<Vec<f32>> = (0..3).map(|i| values(n * d, 9 + i)).collect();
-    let (w3, g3) = (values(d * 3 * d, 12), values(n * 3 * d, 13));
-    let flops = 3.0 * 2.0 * (n * d * d) as f64;
-    let (mut y, mut y3) = (vec![0.0; n * d], vec![0.0; n * 3 * d]);
-    let (mut dw, mut dw3) = (vec![0.0; d * d], vec![0.0; d * 3 * d]);
+    // [d, 2 d_ff].
+    separate_or_wide("projections", n, d, 3, d);
+    separate_or_wide("SwiGLU gate and up", n, d, 2, f);
+}
+
+/// `C = lhs · rhs` into a row-major `[M, N]` buffer, timed directly and turned around: `Cᵀ = rhsᵀ
+/// lhsᵀ` into a row-major `[N, M]` buffer, then transposed.
+fn direct_or_turned(what: &str, lhs: MatRef<f32>, rhs: MatRef<f32>) {
+    let (m, k, cols) = (lhs.nrows(), lhs.ncols(), rhs.ncols());
+    let (mut c, mut ct) = (vec![0.0; m * cols], vec![0.0; m * cols]);
+    let flops = 2.0 * (m * cols * k) as f64;
+    let shape = format!("{m} x {cols} x {k}");
     row(
-        "3 projections X W",
-        format!("3 x {n} x {d} x {d}"),
+        &format!("{what}, direct"),
+        shape.clone(),
         time(flops, || {
-            w.iter()
-                .for_each(|w| product(&mut y, n, d, Accum::Replace, view(&x, n, d), view(w, d, d)))
+            product(&mut c, m, cols, Accum::Replace, lhs, rhs);
         }),
     );
     row(
-        "1 projection X W₃",
-        format!("{n} x {} x {d}", 3 * d),
+        &format!("{what}, turned around"),
+        shape,
         time(flops, || {
             product(
-                &mut y3,
-                n,
-                3 * d,
+                &mut ct,
+                cols,
+                m,
                 Accum::Replace,
-                view(&x, n, d),
-                view(&w3, d, 3 * d),
-            )
+                rhs.transpose(),
+                lhs.transpose(),
+            );
+            transpose(&ct, cols, m, &mut c);
+        }),
+    );
+}
+
+/// `parts` products `X W_p` (`X` `[n, d]`, each `W_p` `[d, width]`) against one `X W` with the
+/// weights side by side (`[d, parts·width]`): forward, input gradient (`Σ_p G_p W_pᵀ`,
+/// accumulated, against one product with `K = parts·width`) and weight gradients (`Xᵀ G_p`
+/// against one `Xᵀ G`).
+fn separate_or_wide(what: &str, n: usize, d: usize, parts: usize, width: usize) {
+    let wide = parts * width;
+    let x = values(n * d, 5);
+    let w: Vec<Vec<f32>> = (0..parts)
+        .map(|p| values(d * width, 6 + p as u32))
+        .collect();
+    let g: Vec<Vec<f32>> = (0..parts)
+        .map(|p| values(n * width, 16 + p as u32))
+        .collect();
+    let (w_wide, g_wide) = (values(d * wide, 26), values(n * wide, 27));
+    let (mut y, mut y_wide) = (vec![0.0; n * width], vec![0.0; n * wide]);
+    let mut dx = vec![0.0; n * d];
+    let (mut dw, mut dw_wide) = (vec![0.0; d * width], vec![0.0; d * wide]);
+    let flops = 2.0 * (n * d * wide) as f64;
+    let x_ = || view(&x, n, d);
+    let separate = format!("{parts} x {n} x {width} x {d}");
+    row(
+        &format!("{what}, forward, separate"),
+        separate.clone(),
+        time(flops, || {
+            for w in &w {
+                product(&mut y, n, width, Accum::Replace, x_(), view(w, d, width));
+            }
         }),
     );
     row(
-        "3 input gradients Σ G Wᵀ",
-        format!("3 x {n} x {d} x {d}"),
+        &format!("{what}, forward, one"),
+        format!("{n} x {wide} x {d}"),
         time(flops, || {
-            for (i, (g, w)) in g.iter().zip(&w).enumerate() {
-                let accum = if i == 0 { Accum::Replace } else { Accum::Add };
+            product(
+                &mut y_wide,
+                n,
+                wide,
+                Accum::Replace,
+                x_(),
+                view(&w_wide, d, wide),
+            );
+        }),
+    );
+    row(
+        &format!("{what}, input gradient, separate"),
+        format!("{parts} x {n} x {d} x {width}"),
+        time(flops, || {
+            for (p, (g, w)) in g.iter().zip(&w).enumerate() {
+                let accum = if p == 0 { Accum::Replace } else { Accum::Add };
                 product(
-                    &mut y,
+                    &mut dx,
                     n,
                     d,
                     accum,
-                    view(g, n, d),
-                    view(w, d, d).transpose(),
+                    view(g, n, width),
+                    view(w, d, width).transpose(),
                 );
             }
         }),
     );
     row(
-        "1 input gradient G₃ W₃ᵀ",
-        format!("{n} x {d} x {}", 3 * d),
+        &format!("{what}, input gradient, one"),
+        format!("{n} x {d} x {wide}"),
         time(flops, || {
-            product(
-                &mut y,
-                n,
-                d,
-                Accum::Replace,
-                view(&g3, n, 3 * d),
-                view(&w3, d, 3 * d).transpose(),
-            )
+            let (g, w) = (view(&g_wide, n, wide), view(&w_wide, d, wide).transpose());
+            product(&mut dx, n, d, Accum::Replace, g, w);
         }),
     );
     row(
-        "3 weight gradients Xᵀ G",
-        format!("3 x {d} x {d} x {n}"),
+        &format!("{what}, weight gradient, separate"),
+        format!("{parts} x {d} x {width} x {n}"),
         time(flops, || {
-            g.iter().for_each(|g| {
+            for g in &g {
                 product(
                     &mut dw,
                     d,
-                    d,
+                    width,
                     Accum::Replace,
-                    view(&x, n, d).transpose(),
-                    view(g, n, d),
-                )
-            })
+                    x_().transpose(),
+                    view(g, n, width),
+                );
+            }
         }),
     );
     row(
-        "1 weight gradient Xᵀ G₃",
-        format!("{d} x {} x {n}", 3 * d),
+        &format!("{what}, weight gradient, one"),
+        format!("{d} x {wide} x {n}"),
         time(flops, || {
-            product(
-                &mut dw3,
-                d,
-                3 * d,
-                Accum::Replace,
-                view(&x, n, d).transpose(),
-                view(&g3, n, 3 * d),
-            )
-        }),
-    );
-    let wf: Vec<Vec<f32>> = (0..2).map(|i| values(d * f, 14 + i)).collect();
-    let wf2 = values(d * 2 * f, 16);
-    let (mut h, mut h2) = (vec![0.0; n * f], vec![0.0; n * 2 * f]);
-    let flops = 2.0 * 2.0 * (n * d * f) as f64;
-    row(
-        "2 SwiGLU projections X W",
-        format!("2 x {n} x {f} x {d}"),
-        time(flops, || {
-            wf.iter()
-                .for_each(|w| product(&mut h, n, f, Accum::Replace, view(&x, n, d), view(w, d, f)))
-        }),
-    );
-    row(
-        "1 SwiGLU projection X W₂",
-        format!("{n} x {} x {d}", 2 * f),
-        time(flops, || {
-            product(
-                &mut h2,
-                n,
-                2 * f,
-                Accum::Replace,
-                view(&x, n, d),
-                view(&wf2, d, 2 * f),
-            )
+            let g = view(&g_wide, n, wide);
+            product(&mut dw_wide, d, wide, Accum::Replace, x_().transpose(), g);
         }),
     );
 }
