@@ -9,7 +9,10 @@
 //! - three `[d, d]` projections and two `[d, d_ff]` ones, or one wider product each (the
 //!   fused-projection layout the model does not use).
 //!
-//! Best of 7 timings of 5 products, on faer's rayon pool (`RAYON_NUM_THREADS` threads).
+//! Best of 7 timings of 5 products, on faer's rayon pool (`RAYON_NUM_THREADS` threads). The
+//! transpose after a turned-around product is a plain serial loop here (`dense` uses a parallel
+//! one, ~10x faster at the tied head's shape), so that column is what turning around costs at
+//! most.
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example gemm_orientation

@@ -790,7 +790,10 @@ pub(crate) fn product(
 ///
 /// Split over the thread pool by bands of `BLOCK` output rows (`BLOCK` input columns), so
 /// that each input row is read `BLOCK` values at a time and the writes stay within `BLOCK`
-/// output rows. A pure copy: the result does not depend on the split.
+/// output rows. A pure copy: the result does not depend on the split. [`swap_axes_12`] with
+/// `d = 1` computes the same, one strided column read per output row; for the wide arrays
+/// [`crate::lm`]'s dense product hands here (`rows < cols`: `[256, 4096]`, 2-core AMD EPYC) it
+/// took 3.6 ms where this takes 1.1.
 pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     use rayon::prelude::*;
     const BLOCK: usize = 32;
