@@ -2,7 +2,10 @@
 //! made of (token-parallel projections, their two gradients, the tied LM head), so the trainer's
 //! tokens/s can be read against what the backend's GEMM delivers on the same machine. Beside
 //! Burn's `matmul`, the same products through [`relation_kernels::dense`], which the model uses
-//! (faer's GEMM on Flex, Burn's matmul elsewhere).
+//! (faer's GEMM on Flex, Burn's matmul elsewhere). Like the `relation` binary, it first asks
+//! glibc to keep freed memory ([`relation_train::keep_freed_memory`]): each product allocates a
+//! fresh output (64 MiB for the LM head), which would otherwise be mapped and page-faulted in
+//! every time and read well below the rate the trainer sees.
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example matmul_bench [-- --device flex]
@@ -29,6 +32,7 @@ struct Args {
 }
 
 fn main() {
+    relation_train::keep_freed_memory();
     let args = Args::parse();
     let device = args.bench.device();
     let iters = args.bench.iters_or(10);

@@ -2,8 +2,10 @@
 
 use clap::Parser;
 use relation_train::cli::{Cli, run};
+use relation_train::keep_freed_memory;
 
 fn main() {
+    // Before any other thread exists: see `keep_freed_memory` for why and what it costs.
     keep_freed_memory();
     init_tracing();
     let cli = Cli::parse();
@@ -30,31 +32,5 @@ fn init_tracing() {
             .with_ansi(false)
             .init(),
         Err(e) => eprintln!("warning: RUST_LOG ignored ({e})"),
-    }
-}
-
-/// Asks glibc's allocator to keep freed memory for reuse instead of handing it back to the
-/// system, unless the user set `GLIBC_TUNABLES` (theirs win).
-///
-/// Why: a training step allocates and frees the same multi-megabyte buffers every step (each
-/// layer's activations and gradients, the `[B·T, V]` logits). By default glibc serves every
-/// allocation above its mmap threshold with a fresh `mmap` and unmaps it on free, so every step
-/// page-faults in (and the kernel zeroes) hundreds of megabytes: ~11 % of the CPU time of the
-/// 3.7M-parameter CPU step went to page faults. With no `mmap` for allocations and no trimming,
-/// the buffers come back from the heap already mapped. Measured (`scripts/bench/ab.sh`, 3
-/// interleaved rounds, same binary with and without these settings): 3,128 / 3,678 / 3,485
-/// tokens/s without, 3,952 / 3,970 / 3,686 with. The price: the process keeps its peak memory
-/// until it exits, as a trainer does anyway.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("GLIBC_TUNABLES").is_none() {
-        // SAFETY: `mallopt` only changes allocator parameters; it is called before any other
-        // thread exists, and every parameter and value here is one glibc documents.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::mallopt(libc::M_MMAP_MAX, 0);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
-            libc::mallopt(libc::M_TOP_PAD, 64 << 20);
-        }
     }
 }

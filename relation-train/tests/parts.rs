@@ -418,3 +418,35 @@ fn packed_evaluation_scores_each_document_alone() {
     .unwrap();
     assert_ne!(windows.loss, packed.loss);
 }
+
+/// `keep_freed_memory` stops glibc from serving large allocations with `mmap` (which the trainer
+/// would page-fault in again every step): after it, a 48 MiB buffer comes from the heap and the
+/// bytes held in mmapped blocks do not grow. Without the call glibc maps such a buffer (its mmap
+/// threshold is at most 32 MiB), so the check fails. 48, not 64: the test runs on a thread of
+/// the harness, whose arena grows in heaps of at most 64 MiB, and glibc maps a request that no
+/// such heap can hold whatever the setting (see `keep_freed_memory`).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+#[test]
+fn keep_freed_memory_serves_large_allocations_from_the_heap() {
+    use relation_train::keep_freed_memory;
+    if std::env::var_os("GLIBC_TUNABLES").is_some() {
+        assert!(
+            !keep_freed_memory(),
+            "GLIBC_TUNABLES is set: the user's settings win"
+        );
+        return;
+    }
+    assert!(keep_freed_memory());
+    // SAFETY: `mallinfo2` only reads the allocator's statistics.
+    #[allow(unsafe_code)]
+    let mapped = || unsafe { libc::mallinfo2() }.hblkhd;
+    let before = mapped();
+    let buffer = std::hint::black_box(vec![1u8; 48 << 20]);
+    let during = mapped();
+    drop(buffer);
+    // Other tests run beside this one and may free mapped blocks, never map new ones.
+    assert!(
+        during < before + (48 << 20),
+        "a 48 MiB buffer was mmapped: {before} -> {during} bytes in mapped blocks"
+    );
+}
