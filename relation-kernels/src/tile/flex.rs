@@ -387,18 +387,26 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
 /// partial results, combined in a fixed order (deterministic).
 pub(crate) const LANES: usize = 8;
 
-/// `max(init, max xs)`.
+/// `max(init, max xs)`, NaN elements ignored (as `f32::max` does).
+///
+/// Written as a comparison and a select, not `f32::max`: `f32::max` must return the other operand
+/// when one is NaN, while x86's `maxps` returns its second operand whenever either is NaN, so
+/// LLVM computed the eight lanes one `maxss` (plus a NaN check and a blend) at a time.
+/// `if x > lane { x } else { lane }` is exactly `maxps`, and equal to `f32::max` here because a
+/// lane starts at `init` and only ever takes a value greater than itself, so it is never NaN
+/// (unless `init` is).
 #[inline(always)]
 pub(crate) fn max_of(xs: &[f32], init: f32) -> f32 {
+    let greater = |m: f32, x: f32| if x > m { x } else { m };
     let mut lanes = [init; LANES];
     let mut chunks = xs.chunks_exact(LANES);
     for chunk in &mut chunks {
         for (lane, &x) in lanes.iter_mut().zip(chunk) {
-            *lane = lane.max(x);
+            *lane = greater(*lane, x);
         }
     }
-    let tail = chunks.remainder().iter().fold(init, |m, &x| m.max(x));
-    lanes.iter().fold(tail, |m, &x| m.max(x))
+    let tail = chunks.remainder().iter().fold(init, |m, &x| greater(m, x));
+    lanes.iter().fold(tail, |m, &x| greater(m, x))
 }
 
 /// `sum xs`, in [`LANES`] partial sums.
