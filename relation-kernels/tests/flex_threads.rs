@@ -200,3 +200,51 @@ fn flex_kernels_under_each_instruction_set() {
     }
     eprintln!("instruction sets compared: {seen:?}");
 }
+
+/// Which CPUs get 512-bit Flex kernels by default, from CPUID values of real parts (leaf 1's
+/// EAX): Intel with AVX-512 yes; AMD Zen 5 (family 26) yes; AMD Zen 4 (family 25), where
+/// 512-bit operations are split in two and measured slower, no; and earlier AMD families (which
+/// have no AVX-512 anyway) no. A decoding slip in the extended family fails here.
+#[test]
+fn avx512_by_default_on_intel_and_zen5_only() {
+    use relation_kernels::FlexSimd;
+    let cases: [(&[u8; 12], u32, bool, &str); 5] = [
+        (
+            b"GenuineIntel",
+            0x0005_0654,
+            true,
+            "Xeon (Skylake-SP), family 6",
+        ),
+        (
+            b"AuthenticAMD",
+            0x00B0_0F21,
+            true,
+            "EPYC 9005 (Zen 5), family 26",
+        ),
+        (
+            b"AuthenticAMD",
+            0x00A1_0F11,
+            false,
+            "EPYC 9004 (Zen 4), family 25",
+        ),
+        (
+            b"AuthenticAMD",
+            0x0080_0F12,
+            false,
+            "EPYC 7001 (Zen), family 23",
+        ),
+        (
+            b"HygonGenuine",
+            0x0090_0F01,
+            false,
+            "Hygon Dhyana, family 24",
+        ),
+    ];
+    for (vendor, eax, expected, cpu) in cases {
+        assert_eq!(
+            FlexSimd::prefers_512_bits(vendor, eax),
+            expected,
+            "{cpu} (EAX {eax:#010x})"
+        );
+    }
+}

@@ -272,14 +272,20 @@ impl FlexSimd {
         }
     }
 
-    /// The default for this CPU. AVX-512 on Intel CPUs that have it: their 512-bit units run
-    /// the tile products' FMAs at twice the width. AVX2 on every other x86-64 CPU with AVX2,
-    /// including AMD Zen 4, which has AVX-512 but splits each 512-bit operation in two, and where
-    /// 512-bit micro-kernels measured slower than the AVX2 ones. `Baseline` elsewhere.
+    /// The default for this CPU, by its vendor and family (measured, `scripts/bench/simd.sh`):
+    /// AVX-512 where it is faster, AVX2 on every other x86-64 CPU with AVX2, `Baseline`
+    /// elsewhere.
+    ///
+    /// - Intel CPUs with AVX-512: their 512-bit units run the tile products' FMAs at twice the
+    ///   width (a 2-core Xeon: 4–5.5 % more tokens/s, 3 of 3 rounds).
+    /// - AMD from family 26 (Zen 5) on: a 2-core EPYC of that family trained 4 % faster with
+    ///   AVX-512 (median of 8 interleaved rounds, faster in 7).
+    /// - Not AMD family 25 (Zen 4), which has AVX-512 but splits each 512-bit operation in two,
+    ///   and where 512-bit micro-kernels measured slower than the AVX2 ones.
     pub fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if Self::Avx512.is_available() && is_intel() {
+            if Self::Avx512.is_available() && prefers_512_bit_vectors() {
                 return Self::Avx512;
             }
             if Self::Avx2.is_available() {
@@ -288,14 +294,36 @@ impl FlexSimd {
         }
         Self::Baseline
     }
+
+    /// Whether an x86-64 CPU with AVX-512 runs the Flex kernels faster at 512 bits than at 256,
+    /// from its CPUID vendor string (leaf 0: EBX, EDX, ECX) and leaf 1's EAX: Intel, or AMD from
+    /// family 26 (Zen 5) on. The rule [`FlexSimd::detect`] applies to the CPU it runs on.
+    pub fn prefers_512_bits(vendor: &[u8; 12], cpuid_1_eax: u32) -> bool {
+        // The display family: the base family (EAX bits 8..12), plus the extended family (bits
+        // 20..28) when the base is 15, as on every AMD CPU from family 23 (Zen) on.
+        let base = (cpuid_1_eax >> 8) & 0xf;
+        let family = if base == 0xf {
+            base + ((cpuid_1_eax >> 20) & 0xff)
+        } else {
+            base
+        };
+        match vendor {
+            b"GenuineIntel" => true,
+            b"AuthenticAMD" => family >= 26,
+            _ => false,
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
-fn is_intel() -> bool {
-    // CPUID leaf 0: the vendor string in EBX, EDX, ECX.
+fn prefers_512_bit_vectors() -> bool {
+    // CPUID leaf 0: the vendor string in EBX, EDX, ECX; leaf 1: the family in EAX.
     let id = std::arch::x86_64::__cpuid(0);
-    let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
-    vendor == *b"GenuineIntel"
+    let mut vendor = [0u8; 12];
+    for (bytes, register) in vendor.chunks_exact_mut(4).zip([id.ebx, id.edx, id.ecx]) {
+        bytes.copy_from_slice(&register.to_le_bytes());
+    }
+    FlexSimd::prefers_512_bits(&vendor, std::arch::x86_64::__cpuid(1).eax)
 }
 
 /// The choice of [`flex_simd`], made on its first call.
