@@ -116,14 +116,20 @@ pub fn mib(bytes: Option<u64>) -> String {
     })
 }
 
-/// A short description of `device`: the adapter's name on wgpu, the thread count on CPUs.
+/// A short description of `device`: the adapter's name on wgpu, the thread count on CPUs and,
+/// on Flex, the vector instruction set its kernels run with.
 pub fn device_label(device: &Device) -> String {
     #[cfg(feature = "wgpu")]
     if let Some(identity) = device.identity() {
         return format!("{device:?} ({})", identity.name);
     }
+    let simd = if relation_kernels::is_flex(device) {
+        format!(", {}", relation_kernels::flex_simd().name())
+    } else {
+        String::new()
+    };
     format!(
-        "{device:?} ({} CPU threads)",
+        "{device:?} ({} CPU threads{simd})",
         relation_kernels::cpu_threads()
     )
 }

@@ -168,7 +168,7 @@ impl<'a> Run<'a> {
         let c = &self.model_config;
         let t = &self.t;
         log(format!(
-            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, {:.1} MFLOP per training token, vocab {} | device {} ({} CPU threads){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps | rows: {}",
+            "model: {} layers `{}`{}, d = {}, {} heads, {:.2}M parameters, {:.1} MFLOP per training token, vocab {} | device {} ({} CPU threads{}){} | {} x {} tokens x {} micro-batches = {} tokens per step, {} steps | rows: {}",
             c.n_layers,
             c.pattern,
             switches(c),
@@ -179,6 +179,12 @@ impl<'a> Run<'a> {
             c.vocab_size,
             self.device_names.join(" + "),
             relation_kernels::cpu_threads(),
+            // The vector instruction set of the Flex kernels, where they run.
+            if self.replicas.iter().any(relation_kernels::is_flex) {
+                format!(", Flex kernels in {}", relation_kernels::flex_simd().name())
+            } else {
+                String::new()
+            },
             match t.precision {
                 Precision::F32 => String::new(),
                 p => format!(", {} compute with f32 master weights", p.name()),
