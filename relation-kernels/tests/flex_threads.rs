@@ -208,7 +208,7 @@ fn flex_kernels_under_each_instruction_set() {
 #[test]
 fn avx512_by_default_on_intel_and_zen5_only() {
     use relation_kernels::FlexSimd;
-    let cases: [(&[u8; 12], u32, bool, &str); 5] = [
+    let cases: [(&[u8], u32, bool, &str); 5] = [
         (
             b"GenuineIntel",
             0x0005_0654,

@@ -298,7 +298,7 @@ impl FlexSimd {
     /// Whether an x86-64 CPU with AVX-512 runs the Flex kernels faster at 512 bits than at 256,
     /// from its CPUID vendor string (leaf 0: EBX, EDX, ECX) and leaf 1's EAX: Intel, or AMD from
     /// family 26 (Zen 5) on. The rule [`FlexSimd::detect`] applies to the CPU it runs on.
-    pub fn prefers_512_bits(vendor: &[u8; 12], cpuid_1_eax: u32) -> bool {
+    pub fn prefers_512_bits(vendor: &[u8], cpuid_1_eax: u32) -> bool {
         // The display family: the base family (EAX bits 8..12), plus the extended family (bits
         // 20..28) when the base is 15, as on every AMD CPU from family 23 (Zen) on.
         let base = (cpuid_1_eax >> 8) & 0xf;
@@ -319,10 +319,7 @@ impl FlexSimd {
 fn prefers_512_bit_vectors() -> bool {
     // CPUID leaf 0: the vendor string in EBX, EDX, ECX; leaf 1: the family in EAX.
     let id = std::arch::x86_64::__cpuid(0);
-    let mut vendor = [0u8; 12];
-    for (bytes, register) in vendor.chunks_exact_mut(4).zip([id.ebx, id.edx, id.ecx]) {
-        bytes.copy_from_slice(&register.to_le_bytes());
-    }
+    let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
     FlexSimd::prefers_512_bits(&vendor, std::arch::x86_64::__cpuid(1).eax)
 }
 
