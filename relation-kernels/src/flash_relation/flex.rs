@@ -51,8 +51,8 @@ use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::flex::{
-    Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, max_of, output,
-    read_f32, sigmoid, sum_of, tensor, transpose_heads, vectorized,
+    LANES, Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, max_of,
+    output, read_f32, sigmoid, sum_of, tensor, transpose_heads, vectorized,
 };
 use crate::tile::{Sequence, sequences};
 
@@ -519,15 +519,37 @@ fn backward_head(
         );
         let dib_row = &mut dibar[i * d..(i + 1) * d];
         let dinfo_row = &mut dinfo[i][..d];
-        let mut dg = 0.0f32;
-        let mut dd = 0.0f32;
-        for c in 0..d {
+        // The two dot products in `LANES` partial sums (fixed order): as one running sum each,
+        // the loop was scalar, ~1.5 % of a 3.7M training step (perf, AMD EPYC family 26).
+        let (mut dg, mut dd) = ([0.0f32; LANES], [0.0f32; LANES]);
+        let full = d - d % LANES;
+        for c0 in (0..full).step_by(LANES) {
+            let lanes = c0..c0 + LANES;
+            let (dy, ibar, info) = (
+                &dy[lanes.clone()],
+                &ibar[lanes.clone()],
+                &info[lanes.clone()],
+            );
+            let (dib_out, dinfo_out) = (&mut dib_row[lanes.clone()], &mut dinfo_row[lanes]);
+            #[allow(clippy::needless_range_loop)] // five arrays indexed alike, as in the maths
+            for l in 0..LANES {
+                let dib = s_g * dy[l];
+                dib_out[l] = dib;
+                dg[l] += dy[l] * (ibar[l] - info[l]);
+                dd[l] += dib * ibar[l];
+                dinfo_out[l] = (1.0 - s_g) * dy[l];
+            }
+        }
+        let (mut dg_tail, mut dd_tail) = (0.0f32, 0.0f32);
+        for c in full..d {
             let dib = s_g * dy[c];
             dib_row[c] = dib;
-            dg += dy[c] * (ibar[c] - info[c]);
-            dd += dib * ibar[c];
+            dg_tail += dy[c] * (ibar[c] - info[c]);
+            dd_tail += dib * ibar[c];
             dinfo_row[c] = (1.0 - s_g) * dy[c];
         }
+        let dg = dg.iter().sum::<f32>() + dg_tail;
+        let dd = dd.iter().sum::<f32>() + dd_tail;
         d_a[i] = dg * s_g * (1.0 - s_g);
         d_row[i] = dd;
         weighted += f64::from(d_a[i]) * ((i + 1) as f64).ln();
