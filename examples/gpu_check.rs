@@ -147,6 +147,17 @@ fn median_tokens_per_s(csv: &str) -> Option<f64> {
     Some(values[values.len() / 2])
 }
 
+/// The device a kernel test ran on: the last segment of its name (`flash_relation_f16::cuda`)
+/// when that is one of the test suite's device modules, else `all devices` (a test that checks
+/// every device in one body, or none: `chunk_size_is_validated_on_every_device`).
+fn device_of(test: &str) -> &str {
+    const DEVICES: [&str; 6] = ["flex", "wgpu", "vulkan", "metal", "cuda", "cube_cpu"];
+    match test.rsplit("::").next() {
+        Some(last) if DEVICES.contains(&last) => last,
+        _ => "all devices",
+    }
+}
+
 fn read(dir: &Path, name: &str, problems: &mut Vec<String>) -> Option<String> {
     match std::fs::read_to_string(dir.join(name)) {
         Ok(text) => Some(text),
@@ -185,9 +196,7 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 .strip_prefix("test ")
                 .and_then(|l| l.split_once(" ... "))
             {
-                Some((name, outcome)) => {
-                    (name.rsplit("::").next().unwrap_or("?").to_string(), outcome)
-                }
+                Some((name, outcome)) => (device_of(name).to_string(), outcome),
                 None => match pending.take() {
                     Some(device) if matches!(line.trim(), "ok" | "FAILED") => (device, line.trim()),
                     other => {
