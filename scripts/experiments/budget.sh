@@ -69,3 +69,10 @@ for BUDGET in $BUDGETS; do
   collect_raw "$RAW"
   [ -d "$RAW" ] && "$BIN" report "$RAW" --out "docs/results/budget/$BUDGET"
 done
+
+# Every variant's paired difference to A against the budget (budget.md, budget.png), once both
+# budgets have finished runs.
+if [ -d docs/results/budget/2m/runs ] && [ -d docs/results/budget/8m/runs ]; then
+  "$BIN" report --budget 2m=docs/results/budget/2m/runs --budget 8m=docs/results/budget/8m/runs \
+    --out docs/results/budget
+fi
