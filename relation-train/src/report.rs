@@ -200,6 +200,26 @@ pub fn table(runs: &[RunCurve], baseline: &str) -> String {
     out
 }
 
+/// The variants of `runs` in the order they first appear (runs are read in the sorted order of
+/// their folders), the baseline among them. Each variant's colour is its place here, so a
+/// variant has the same colour in every plot made from the same runs: the per-budget plots and
+/// the budget plot, which leaves the baseline out, agree.
+fn variant_order<'a>(runs: impl IntoIterator<Item = &'a RunCurve>) -> Vec<&'a str> {
+    let mut variants: Vec<&str> = Vec::new();
+    for r in runs {
+        if !variants.contains(&r.variant.as_str()) {
+            variants.push(&r.variant);
+        }
+    }
+    variants
+}
+
+/// The colour of variant `v` by its place in `order` ([`variant_order`]).
+fn variant_colour(order: &[&str], v: &str) -> plotters::style::RGBAColor {
+    use plotters::style::{Color, Palette, Palette99};
+    Palette99::pick(order.iter().position(|x| *x == v).unwrap_or(0)).to_rgba()
+}
+
 /// Writes `val.png` (every run's validation curve, one colour per variant) and `gap.png` (each
 /// variant's mean curve minus the baseline's) into `out`.
 ///
@@ -209,14 +229,8 @@ pub fn plots(runs: &[RunCurve], baseline: &str, out: &Path) -> std::result::Resu
     use plotters::prelude::*;
     crate::metrics::register_font();
     let err = |e: &dyn std::fmt::Display| e.to_string();
-    let mut variants: Vec<&str> = Vec::new();
-    for r in runs {
-        if !variants.contains(&r.variant.as_str()) {
-            variants.push(&r.variant);
-        }
-    }
-    let colour =
-        |v: &str| Palette99::pick(variants.iter().position(|x| *x == v).unwrap_or(0)).to_rgba();
+    let variants = variant_order(runs);
+    let colour = |v: &str| variant_colour(&variants, v);
     let max_step = runs.iter().map(|r| r.last_step).max().unwrap_or(1).max(2) as f64;
 
     // Validation curves.
@@ -481,8 +495,10 @@ pub fn budget_report(
     chart
         .draw_series(LineSeries::new(vec![(0.0, 0.0), (tmax * 1.15, 0.0)], BLACK))
         .map_err(|e| err(&e))?;
-    for (i, (v, points)) in series.iter().enumerate() {
-        let c = Palette99::pick(i).to_rgba();
+    // Colours by the variants' places with the baseline counted, as in each budget's own plots.
+    let order = variant_order(budgets.iter().flat_map(|b| &b.runs));
+    for (v, points) in &series {
+        let c = variant_colour(&order, v);
         let line: Vec<(f64, f64)> = points.iter().map(|d| (d.tokens as f64, d.mean)).collect();
         chart
             .draw_series(LineSeries::new(line.clone(), c.stroke_width(2)))
