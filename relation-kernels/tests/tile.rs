@@ -2,7 +2,9 @@
 //! loop: every register-block shape and tail (rows 1…6 past the last strip of 6, columns past
 //! the last one and two vectors), both `lhs` layouts, both destination forms, `alpha`,
 //! accumulate vs overwrite, and the causal parts of a diagonal tile (`Triangle`). Elements
-//! outside the `m x n` window must stay untouched.
+//! outside the `m x n` window must stay untouched. `rhs` comes strided with NaN in the columns
+//! past `n` (a column tail may load them into lanes it never stores: they must not reach `dst`)
+//! and packed, where the last row's tail ends at the slice's end (the masked load).
 
 use relation_kernels::debug::{Triangle, tile_product};
 
@@ -21,7 +23,8 @@ fn tile_product_matches_a_plain_product() {
     for &m in &[1usize, 5, 6, 7, 12, 13, 64, 65] {
         for &n in &[1usize, 3, 4, 7, 8, 9, 15, 16, 17, 24, 48, 60, 64, 80] {
             for &k in &[1usize, 2, 7, 48, 64] {
-                for lhs_transposed in [false, true] {
+                for (lhs_transposed, rhs_pad) in [(false, 5usize), (true, 5), (false, 0), (true, 0)]
+                {
                     for (accumulate, part) in [
                         (false, Triangle::Full),
                         (true, Triangle::Full),
@@ -30,7 +33,7 @@ fn tile_product_matches_a_plain_product() {
                         (true, Triangle::UpperK),
                     ] {
                         let seed = (m * 1000 + n * 10 + k) as u64;
-                        let (ld_dst, ld_rhs) = (n + 3, n + 5); // strided, not packed
+                        let (ld_dst, ld_rhs) = (n + 3, n + rhs_pad);
                         // lhs(r, q) at index r k + q (row-major) or q m + r (transposed),
                         // zero where the part says so.
                         let lhs: Vec<f32> = (0..m * k)
@@ -48,7 +51,15 @@ fn tile_product_matches_a_plain_product() {
                                 if zero { 0.0 } else { value(seed, i) }
                             })
                             .collect();
-                        let rhs: Vec<f32> = (0..k * ld_rhs).map(|i| value(seed + 1, i)).collect();
+                        let rhs: Vec<f32> = (0..k * ld_rhs)
+                            .map(|i| {
+                                if i % ld_rhs < n {
+                                    value(seed + 1, i)
+                                } else {
+                                    f32::NAN
+                                }
+                            })
+                            .collect();
                         let start: Vec<f32> = (0..m * ld_dst)
                             .map(|i| {
                                 if i % ld_dst < n {
@@ -93,8 +104,8 @@ fn tile_product_matches_a_plain_product() {
                                     let what = || {
                                         format!(
                                             "m {m} n {n} k {k} transposed {lhs_transposed} \
-                                             accumulate {accumulate} {part:?} rows {as_rows} \
-                                             at ({r}, {c})"
+                                             rhs pad {rhs_pad} accumulate {accumulate} {part:?} \
+                                             rows {as_rows} at ({r}, {c})"
                                         )
                                     };
                                     if c >= n {
@@ -141,5 +152,5 @@ fn tile_product_matches_a_plain_product() {
             }
         }
     }
-    assert_eq!(cases, 8 * 14 * 5 * 2 * 5);
+    assert_eq!(cases, 8 * 14 * 5 * 4 * 5);
 }

@@ -422,12 +422,10 @@ pub fn budget_report(
     out: &Path,
 ) -> std::result::Result<String, String> {
     use plotters::prelude::*;
-    let mut variants: Vec<&str> = Vec::new();
-    for r in budgets.iter().flat_map(|b| &b.runs) {
-        if r.variant != baseline && !variants.contains(&r.variant.as_str()) {
-            variants.push(&r.variant);
-        }
-    }
+    // Every variant with the baseline counted: the order fixes the colours, as in each budget's
+    // own plots.
+    let order = variant_order(budgets.iter().flat_map(|b| &b.runs));
+    let variants: Vec<&str> = order.iter().copied().filter(|v| *v != baseline).collect();
     let mut table = format!(
         "| variant | budget | tokens | paired seeds | Δ vs {baseline} (mean ± s.e.) | per seed |\n|---|---|---|---|---|---|\n"
     );
@@ -495,8 +493,6 @@ pub fn budget_report(
     chart
         .draw_series(LineSeries::new(vec![(0.0, 0.0), (tmax * 1.15, 0.0)], BLACK))
         .map_err(|e| err(&e))?;
-    // Colours by the variants' places with the baseline counted, as in each budget's own plots.
-    let order = variant_order(budgets.iter().flat_map(|b| &b.runs));
     for (v, points) in &series {
         let c = variant_colour(&order, v);
         let line: Vec<(f64, f64)> = points.iter().map(|d| (d.tokens as f64, d.mean)).collect();

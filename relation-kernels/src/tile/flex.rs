@@ -301,7 +301,8 @@ impl FlexSimd {
 
     /// Whether an x86-64 CPU with AVX-512 runs the Flex kernels faster at 512 bits than at 256,
     /// from its CPUID vendor string (leaf 0: EBX, EDX, ECX) and leaf 1's EAX: Intel, or AMD from
-    /// family 25 (Zen 4, the first AMD CPUs with AVX-512) on. The rule [`FlexSimd::detect`] applies to the CPU it runs on.
+    /// family 25 (Zen 4, the first AMD CPUs with AVX-512) on. The rule [`FlexSimd::detect`]
+    /// applies to the CPU it runs on.
     pub fn prefers_512_bits(vendor: &[u8], cpuid_1_eax: u32) -> bool {
         // The display family: the base family (EAX bits 8..12), plus the extended family (bits
         // 20..28) when the base is 15, as on every AMD CPU from family 23 (Zen) on.
@@ -550,9 +551,10 @@ impl Triangle {
     /// `Lower` keeps whole vectors: the columns it needs (`r0 + rows`) rounded up to a multiple
     /// of `lanes`. Cut at the diagonal, every strip of a diagonal tile ended in a partial vector
     /// ([`tail`]), which stood out in a perf profile of the FlashRelation training step at
-    /// `T = 256`, `D = 32` (AVX2, AMD EPYC family 25); the few extra columns cost less than the
-    /// narrow path (measured within noise of the old cut on that machine: 5 interleaved rounds of
-    /// `flash_relation_bench`, train 44.6 -> 43.7 ms, forward 12.7 -> 12.9 ms).
+    /// `T = 256`, `D = 32` (AVX2, AMD EPYC family 25). The whole-vector cut measured within
+    /// noise of the old one on that machine (5 interleaved rounds of `flash_relation_bench`:
+    /// train 44.6 -> 43.7 ms, forward 12.7 -> 12.9 ms); it keeps the strips on the full-vector
+    /// blocks.
     #[inline(always)]
     fn window(
         self,
@@ -708,8 +710,8 @@ fn strip<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const LT: bool>(
 /// Each step reads one vector of `rhs` from column `c0`: a full load while a whole vector lies
 /// inside `rhs`'s slice (the lanes past `n` are summed into accumulator lanes that are never
 /// stored, so whatever they hold, NaN included, cannot reach `dst`), a masked partial load
-/// where it would run past the slice's end. The partial load is a call through a jump table per
-/// step, several times the cost of the multiply-adds it feeds.
+/// where it would run past the slice's end (pulp's masked load goes through an indirect jump
+/// per call).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // fixed-size register arrays, indexed like the maths
 fn tail<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const LT: bool>(
