@@ -64,3 +64,36 @@ pub fn tile_product(
         gemm(m, n, k, &mut dst, lhs, rhs, alpha, accumulate, part);
     }
 }
+
+/// The element-wise functions of the Flex kernels, applied in place the way the kernels run
+/// them (compiled for the extension [`crate::FlexSimd`] chose), for their own tests.
+#[cfg(feature = "flex")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elementwise {
+    /// `e^x` (inputs clamped to `[-87, 88]`).
+    Exp,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// `x / (1 + e^-x)`.
+    Silu,
+}
+
+/// Applies `f` to every element of `xs` in place (see [`Elementwise`]).
+#[cfg(feature = "flex")]
+pub fn elementwise(f: Elementwise, xs: &mut [f32]) {
+    use crate::tile::flex::{Vectorized, exp, sigmoid, silu, vectorized};
+    struct Apply<'a>(Elementwise, &'a mut [f32]);
+    impl Vectorized for Apply<'_> {
+        type Output = ();
+        #[inline(always)]
+        fn run(self) {
+            let Apply(f, xs) = self;
+            match f {
+                Elementwise::Exp => xs.iter_mut().for_each(|x| *x = exp(*x)),
+                Elementwise::Sigmoid => xs.iter_mut().for_each(|x| *x = sigmoid(*x)),
+                Elementwise::Silu => xs.iter_mut().for_each(|x| *x = silu(*x)),
+            }
+        }
+    }
+    vectorized(Apply(f, xs));
+}

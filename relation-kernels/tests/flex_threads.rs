@@ -157,7 +157,8 @@ fn simd_child() {
 /// The Flex kernels under each vector instruction set this CPU has (`RELATION_SIMD`, one child
 /// process each, since the choice is process-wide): each run uses the set it asked for, and
 /// AVX-512 and AVX2 give the same bits (every tile product sums its `k` terms in order at any
-/// vector width, and the element-wise reductions keep eight partial sums at either width).
+/// vector width, the element-wise reductions keep a fixed number of partial sums at either
+/// width, and every multiply-add of `exp` is fused under both).
 #[test]
 fn flex_kernels_under_each_instruction_set() {
     use relation_kernels::FlexSimd;

@@ -51,8 +51,8 @@ use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::flex::{
-    LANES, Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, max_of,
-    output, read_f32, sigmoid, sum_of, tensor, transpose_heads, vectorized,
+    LANES, Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, output,
+    prefetch, read_f32, sigmoid, silu, tensor, transpose_heads, vectorized,
 };
 use crate::tile::{Sequence, sequences};
 
@@ -312,32 +312,26 @@ fn forward_block(
         scores(head, i0, n, j0, nk, scale, &mut u);
         for r in 0..n {
             let i = i0 + r;
-            let row = &mut u[r * BLOCK_K..r * BLOCK_K + nk];
+            // The whole `BLOCK_K`-wide row: `silu_max` and `exp_sum` run in whole vectors.
+            let row = &mut u[r * BLOCK_K..(r + 1) * BLOCK_K];
             if (j0..j0 + nk).contains(&i) {
                 u_self[r] = row[i - j0];
             }
             // Keys j0 .. j0 + valid are strictly before i: the Exchange part.
             let valid = nk.min(i.saturating_sub(j0));
             if valid == 0 {
-                row.fill(0.0);
+                row[..nk].fill(0.0);
                 continue;
             }
-            for x in &mut row[..valid] {
-                *x *= sigmoid(*x); // E = SiLU(U)
-            }
-            let max = max_of(&row[..valid], m[r]);
+            let max = silu_max(row, valid, m[r]); // E = SiLU(U) in place
             if max > m[r] {
                 let rescale = exp(m[r] - max);
                 l[r] *= rescale;
                 z[r][..d].iter_mut().for_each(|x| *x *= rescale);
                 m[r] = max;
             }
-            for x in &mut row[..valid] {
-                *x = exp(*x - max); // P = e^{E - m}
-            }
-            let sum = sum_of(&row[..valid]);
-            l[r] += sum;
-            row[valid..].fill(0.0);
+            l[r] += exp_sum(row, valid, max); // P = e^{E - m} in place
+            row[valid..nk].fill(0.0);
         }
         // z += P Ĩ_tile
         gemm(
@@ -376,6 +370,110 @@ fn forward_block(
         let out = &mut rows.stats[r];
         (out[stat::LSE], out[stat::SELF], out[stat::SHARE]) = (lse, s, g);
     }
+}
+
+/// Lanes of [`silu_max`] and [`exp_sum`]: one AVX-512 vector (two AVX2 ones). A divisor of
+/// `BLOCK_K`, so a row's whole vectors never leave the tile.
+const ROW_LANES: usize = 16;
+const _: () = assert!(BLOCK_K.is_multiple_of(ROW_LANES));
+
+/// `E = SiLU(U)` in place over the first `valid` entries of one tile row (`BLOCK_K` wide),
+/// returning `max(init, max E)`; `init >= 0` (the running maximum starts at 0).
+///
+/// One pass for what were two (the SiLU, then the maximum): at `BLOCK_K` = 64 a row is four
+/// AVX-512 vectors, so a pass's loop setup, tail and reduction cost as much as its body. The
+/// row runs in whole vectors up to `valid` rounded up, with the entries past `valid` (scores of
+/// later keys, or what an earlier tile left, possibly NaN) set to 0 first: `SiLU(0) = 0 <= init`
+/// cannot change the maximum, so no lane needs a mask. The maximum is a comparison and a select
+/// per lane, as in [`crate::tile::flex::max_of`] (NaN entries ignored), in [`ROW_LANES`] lanes
+/// combined in a fixed order.
+#[inline(always)]
+fn silu_max(row: &mut [f32], valid: usize, init: f32) -> f32 {
+    debug_assert!(init >= 0.0, "the running maximum starts at 0: {init}");
+    let greater = |m: f32, x: f32| if x > m { x } else { m };
+    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
+    row[valid..whole].fill(0.0);
+    let mut lanes = [init; ROW_LANES];
+    for chunk in row[..whole].chunks_exact_mut(ROW_LANES) {
+        for (lane, x) in lanes.iter_mut().zip(chunk) {
+            let e = silu(*x);
+            *x = e;
+            *lane = greater(*lane, e);
+        }
+    }
+    halving(lanes, greater) // every lane started at `init`
+}
+
+/// `lanes` folded by `f` in halves (lane `l` with lane `l + 8`, then `l + 4`, ...): a fixed order
+/// (deterministic), and a chain of four vector steps where a left-to-right fold is sixteen
+/// dependent scalar ones, paid once per row and tile.
+#[inline(always)]
+fn halving(mut lanes: [f32; ROW_LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
+    let mut width = ROW_LANES / 2;
+    while width > 0 {
+        for l in 0..width {
+            lanes[l] = f(lanes[l], lanes[l + width]);
+        }
+        width /= 2;
+    }
+    lanes[0]
+}
+
+/// `P = e^{E - max}` in place over the first `valid` entries of one tile row, returning
+/// `sum P` (in [`ROW_LANES`] partial sums, fixed order): the exponent and the row sum in one
+/// pass, in whole vectors as [`silu_max`], with `P = 0` past `valid`.
+#[inline(always)]
+fn exp_sum(row: &mut [f32], valid: usize, max: f32) -> f32 {
+    let mut lanes = [0.0f32; ROW_LANES];
+    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
+    for (c0, chunk) in (0..whole)
+        .step_by(ROW_LANES)
+        .zip(row[..whole].chunks_exact_mut(ROW_LANES))
+    {
+        for (l, (lane, x)) in lanes.iter_mut().zip(chunk).enumerate() {
+            // Past `valid`, P = 0: out of the sum, and ready for the `P Ĩ` product.
+            let p = if c0 + l < valid { exp(*x - max) } else { 0.0 };
+            *x = p;
+            *lane += p;
+        }
+    }
+    halving(lanes, |a, b| a + b)
+}
+
+/// How many rows ahead the backward's prepass asks for its inputs ([`prefetch`]).
+const PREFETCH_ROWS: usize = 4;
+
+/// `a · (b - c)` (`a · b` when `c` is empty), in [`LANES`] partial sums combined in a fixed
+/// order, the tail after them.
+#[inline(always)]
+fn dot_by(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+    let d = a.len();
+    let full = d - d % LANES;
+    let mut lanes = [0.0f32; LANES];
+    if c.is_empty() {
+        for (a, b) in a[..full]
+            .chunks_exact(LANES)
+            .zip(b[..full].chunks_exact(LANES))
+        {
+            for l in 0..LANES {
+                lanes[l] = a[l].mul_add(b[l], lanes[l]);
+            }
+        }
+    } else {
+        for ((a, b), c) in a[..full]
+            .chunks_exact(LANES)
+            .zip(b[..full].chunks_exact(LANES))
+            .zip(c[..full].chunks_exact(LANES))
+        {
+            for l in 0..LANES {
+                lanes[l] = a[l].mul_add(b[l] - c[l], lanes[l]);
+            }
+        }
+    }
+    let tail: f32 = (full..d)
+        .map(|k| a[k] * (b[k] - c.get(k).copied().unwrap_or(0.0)))
+        .sum();
+    lanes.iter().sum::<f32>() + tail
 }
 
 /// FlashRelation backward: `(dp1, dp2, dinfo, dlambda)` (see the module docs).
@@ -511,6 +609,14 @@ fn backward_head(
     let mut d_row = vec![0.0f32; t];
     let mut weighted = 0.0f64;
     for i in 0..t {
+        // The rows lie `H·D` apart, a few to a page, where the hardware prefetcher stops: the
+        // loads below waited on memory (~5 % of the benchmark's samples) until asked ahead.
+        if i + PREFETCH_ROWS < t {
+            let ahead = i + PREFETCH_ROWS;
+            for x in [saved.dy, saved.ibar, head.info] {
+                prefetch(head.row(x, ahead));
+            }
+        }
         let s_g = saved.stats(i)[stat::SHARE];
         let (dy, ibar, info) = (
             head.row(saved.dy, i),
@@ -519,37 +625,15 @@ fn backward_head(
         );
         let dib_row = &mut dibar[i * d..(i + 1) * d];
         let dinfo_row = &mut dinfo[i][..d];
-        // The two dot products in `LANES` partial sums (fixed order): as one running sum each,
-        // the loop was scalar, ~1.5 % of a 3.7M training step (perf, AMD EPYC family 26).
-        let (mut dg, mut dd) = ([0.0f32; LANES], [0.0f32; LANES]);
-        let full = d - d % LANES;
-        for c0 in (0..full).step_by(LANES) {
-            let lanes = c0..c0 + LANES;
-            let (dy, ibar, info) = (
-                &dy[lanes.clone()],
-                &ibar[lanes.clone()],
-                &info[lanes.clone()],
-            );
-            let (dib_out, dinfo_out) = (&mut dib_row[lanes.clone()], &mut dinfo_row[lanes]);
-            #[allow(clippy::needless_range_loop)] // five arrays indexed alike, as in the maths
-            for l in 0..LANES {
-                let dib = s_g * dy[l];
-                dib_out[l] = dib;
-                dg[l] += dy[l] * (ibar[l] - info[l]);
-                dd[l] += dib * ibar[l];
-                dinfo_out[l] = (1.0 - s_g) * dy[l];
-            }
+        for ((dib, dinf), &dy) in dib_row.iter_mut().zip(dinfo_row.iter_mut()).zip(dy) {
+            *dib = s_g * dy;
+            *dinf = (1.0 - s_g) * dy;
         }
-        let (mut dg_tail, mut dd_tail) = (0.0f32, 0.0f32);
-        for c in full..d {
-            let dib = s_g * dy[c];
-            dib_row[c] = dib;
-            dg_tail += dy[c] * (ibar[c] - info[c]);
-            dd_tail += dib * ibar[c];
-            dinfo_row[c] = (1.0 - s_g) * dy[c];
-        }
-        let dg = dg.iter().sum::<f32>() + dg_tail;
-        let dd = dd.iter().sum::<f32>() + dd_tail;
+        // dg = dY · (Ī - Ĩ), D = dĪ · Ī: each in `LANES` partial sums (fixed order). Written as
+        // one loop over the five rows, LLVM paired the two sums in 2-lane vectors and did the
+        // rest element by element (~5 % of the FlashRelation benchmark's samples at D 32).
+        let dg = dot_by(dy, ibar, info);
+        let dd = dot_by(dib_row, ibar, &[]);
         d_a[i] = dg * s_g * (1.0 - s_g);
         d_row[i] = dd;
         weighted += f64::from(d_a[i]) * ((i + 1) as f64).ln();
@@ -590,9 +674,9 @@ fn backward_head(
                 let shift = d_a[i] - d_row[i];
                 for (x, p) in u_row[..valid].iter_mut().zip(&mut p_row[..valid]) {
                     let sg = sigmoid(*x);
-                    let pi = exp(*x * sg - lse);
+                    let pi = exp(x.mul_add(sg, -lse)); // e^{SiLU(U) - L}
                     let d_e = pi * (*p + shift);
-                    *x = d_e * sg * (1.0 + *x * (1.0 - sg)); // dU = dE SiLU'(U)
+                    *x = d_e * sg * x.mul_add(1.0 - sg, 1.0); // dU = dE SiLU'(U)
                     *p = pi;
                 }
                 for (jj, (x, p)) in u_row
