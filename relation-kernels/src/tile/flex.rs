@@ -347,7 +347,9 @@ static SIMD: std::sync::OnceLock<FlexSimd> = std::sync::OnceLock::new();
 /// Results are deterministic for any thread count under one choice. Between choices the bits
 /// can differ only where a kernel's reduction order follows the vector width; the tile
 /// products and the reductions of the element-wise kernels do not (each output sums its `k`
-/// terms in order, and the reductions keep eight partial sums at either width).
+/// terms in order, and the reductions keep a fixed number of partial sums at either width).
+/// AVX-512 and AVX2 both fuse the same multiply-adds; the baseline's tile products do not
+/// (`mul_add_e`), so its bits can differ from theirs.
 pub fn flex_simd() -> FlexSimd {
     *SIMD.get_or_init(|| simd_from_env().unwrap_or_else(FlexSimd::detect))
 }
