@@ -19,6 +19,14 @@
 //! keeps for its backward; CubeCL devices only) and the peak memory of a training step (the
 //! device allocator's high-water mark on CubeCL, the process heap's on CPU backends). Ratios are
 //! against the fused kernel.
+//!
+//! Before a method is timed at a `T`, its forward output is checked: rows 0, 1, `T/2` and `T - 1`
+//! of every (batch, head) against the same rows computed in f64 on the host from the inputs it
+//! was given (the Relation of `docs/maths.md` section 1, or causal softmax attention). A method
+//! whose output is off by more than loose bounds ([`check_tolerance`]) or not finite is not
+//! timed: its row says `failed` and why. This guards against silent failures, a kernel that never
+//! ran or a buffer past a device's limit finishing in microseconds (seen on a GPU with Vulkan:
+//! materialized and attention rows at T = 8K and 16K); accuracy is the kernel tests' business.
 //! Software Vulkan (lavapipe) timings are a correctness oracle, not GPU speed.
 
 use std::io::Write;
@@ -114,13 +122,121 @@ struct Measure {
     peak_bytes: Option<u64>,
 }
 
-fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure {
+/// `λ` of every run.
+const LAMBDA: f32 = 0.5;
+
+/// The output check's bounds, by input dtype: on `|output - f64|` per element, and on
+/// `‖output - f64‖ / ‖f64‖` per row. Loose: they look for outputs that are wrong altogether,
+/// not for the last bits. The relative bound matters for late rows: with inputs uniform in
+/// [-1, 1), row `i` averages `~i` values of `Ĩ` and shrinks like `1/√i`, so an all-zero row of a
+/// long sequence would pass any absolute bound that f16 arithmetic also passes.
+fn check_tolerance(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F64 | DType::F32 => (1e-2, 0.25),
+        _ => (5e-2, 0.5),
+    }
+}
+
+/// The host's copy of a `[B, T, H, D]` tensor, in f32 (exact for f16 and bf16 inputs).
+fn to_host(x: &Tensor<4>) -> Vec<f32> {
+    x.try_to_vec_as::<f32>().expect("reading a tensor back")
+}
+
+/// Query row `i` of head `(b, h)` of `method`'s output, in f64 from the host copies of its
+/// inputs (`[B, T, H, D]` each).
+///
+/// Relation (fused and materialized): scores `u_j = p1_i · p2_j / √D`; the row's softmax runs
+/// over the Exchange entries `SiLU(u_j) - λ ln(i + 1)` for `j < i` and the Self entry
+/// `sigmoid(u_i / τ)` at `j = i`, and weighs `Ĩ_j`. Attention: softmax of `u_j` over `j <= i`,
+/// weighing `v_j = Ĩ_j`.
+fn expected_row(
+    method: Method,
+    [p1, p2, info]: [&[f32]; 3],
+    [_, t, heads, d]: [usize; 4],
+    [b, i, h]: [usize; 3],
+) -> Vec<f64> {
+    let row = |x: &[f32], j: usize| -> Vec<f64> {
+        let at = ((b * t + j) * heads + h) * d;
+        x[at..at + d].iter().map(|&v| f64::from(v)).collect()
+    };
+    let q = row(p1, i);
+    let scale = 1.0 / (d as f64).sqrt();
+    let logits: Vec<f64> = (0..=i)
+        .map(|j| {
+            let u = q.iter().zip(row(p2, j)).map(|(a, b)| a * b).sum::<f64>() * scale;
+            match method {
+                Method::BurnAttention => u,
+                _ if j == i => 1.0 / (1.0 + (-u / DEFAULT_TAU).exp()),
+                _ => u / (1.0 + (-u).exp()) - f64::from(LAMBDA) * ((i + 1) as f64).ln(),
+            }
+        })
+        .collect();
+    let max = logits.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let weights: Vec<f64> = logits.iter().map(|l| (l - max).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut out = vec![0.0; d];
+    for (j, w) in weights.iter().enumerate() {
+        for (o, v) in out.iter_mut().zip(row(info, j)) {
+            *o += w / total * v;
+        }
+    }
+    out
+}
+
+/// Checks `y`, `method`'s forward output for inputs `x` (module docs); `Err` says why not.
+fn check_output(
+    method: Method,
+    y: &Tensor<4>,
+    x: [&Tensor<4>; 3],
+    dtype: DType,
+) -> Result<(), String> {
+    let dims = y.dims();
+    let [batch, t, heads, d] = dims;
+    let (y, x) = (to_host(y), x.map(to_host));
+    let x = [x[0].as_slice(), x[1].as_slice(), x[2].as_slice()];
+    let mut rows = vec![0, 1.min(t - 1), t / 2, t - 1];
+    rows.dedup();
+    let (abs_bound, rel_bound) = check_tolerance(dtype);
+    for b in 0..batch {
+        for &i in &rows {
+            for h in 0..heads {
+                let want = expected_row(method, x, dims, [b, i, h]);
+                let at = ((b * t + i) * heads + h) * d;
+                let (mut worst, mut err_sq, mut want_sq) = (0.0f64, 0.0, 0.0);
+                for (&got, want) in y[at..at + d].iter().zip(want) {
+                    let err = (f64::from(got) - want).abs();
+                    if !err.is_finite() {
+                        return Err(format!("output {got} at row {i}"));
+                    }
+                    worst = worst.max(err);
+                    (err_sq, want_sq) = (err_sq + err * err, want_sq + want * want);
+                }
+                let rel = (err_sq / want_sq).sqrt();
+                if worst > abs_bound || rel > rel_bound {
+                    return Err(format!(
+                        "row {i} off by {worst:.2e} (bound {abs_bound}), relative {rel:.2} \
+                         (bound {rel_bound})"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Times `method` at `seq`, or says why its output failed the check.
+fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Result<Measure, String> {
     let dims = [args.batch, seq, args.bench.heads, args.bench.head_dim];
     let make = |seed, device: &Device| uniform(dims, seed, 1.0, device, args.dtype);
-    let lambda = |device: &Device| Tensor::<1>::from_data([0.5f32], device).cast(args.dtype);
+    let lambda = |device: &Device| Tensor::<1>::from_data([LAMBDA], device).cast(args.dtype);
+
+    // The output check, before anything is timed.
+    let (p1, p2, info) = (make(1, device), make(2, device), make(3, device));
+    let y = apply(method, p1.clone(), p2.clone(), info.clone(), lambda(device));
+    check_output(method, &y, [&p1, &p2, &info], args.dtype)?;
+    drop(y);
 
     // Forward only.
-    let (p1, p2, info) = (make(1, device), make(2, device), make(3, device));
     let forward = time_on(device, args.bench.iters_or(ITERS), &mut || {
         let _ = apply(method, p1.clone(), p2.clone(), info.clone(), lambda(device));
     });
@@ -147,12 +263,12 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Measure 
         let grads = y.sum().backward();
         let _ = (p1.grad(&grads), p2.grad(&grads), info.grad(&grads));
     });
-    Measure {
+    Ok(Measure {
         forward,
         train,
         held_bytes,
         peak_bytes,
-    }
+    })
 }
 
 /// Runs the benchmark `args` describes: prints the table as it goes, and writes it to `--out`.
@@ -200,7 +316,18 @@ pub fn run(args: &Args) {
             {
                 continue;
             }
-            let m = measure(method, args, &device, seq);
+            let m = match measure(method, args, &device, seq) {
+                Ok(m) => m,
+                Err(why) => {
+                    let row = format!(
+                        "| {seq} | {} | failed: {why} | failed | - | - | - | - |\n",
+                        method.name()
+                    );
+                    print!("{row}");
+                    table += &row;
+                    continue;
+                }
+            };
             let ratio = |a: Duration, b: Option<Duration>| {
                 b.map_or("-".into(), |b| {
                     format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())

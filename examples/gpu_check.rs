@@ -101,13 +101,18 @@ struct Row {
 }
 
 /// The rows of the markdown table in `text` whose first cell is a number and whose timings
-/// parse; `None` when a row starts like one but does not parse (a broken table).
-fn rows(text: &str) -> Option<Vec<Row>> {
-    let mut out = Vec::new();
+/// parse, and the rows whose method failed the benchmark's output check (`T method: why`, not
+/// timed); `None` when a row starts like one but does not parse (a broken table).
+fn rows(text: &str) -> Option<(Vec<Row>, Vec<String>)> {
+    let (mut out, mut failed) = (Vec::new(), Vec::new());
     for line in text.lines() {
         let cells: Vec<&str> = line.split('|').map(str::trim).collect();
         // "| a | b |" splits into ["", "a", "b", ""].
         if cells.len() < 5 || !cells[1].starts_with(|c: char| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Some(why) = cells[3].strip_prefix("failed: ") {
+            failed.push(format!("{} at T {}: {why}", cells[2], cells[1]));
             continue;
         }
         out.push(Row {
@@ -117,7 +122,7 @@ fn rows(text: &str) -> Option<Vec<Row>> {
             train_ms: cells[4].parse().ok()?,
         });
     }
-    Some(out)
+    Some((out, failed))
 }
 
 /// The row of `method` at the largest `T` of the table at or below `seq` (the paper's anchor is at
@@ -237,10 +242,13 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 let _ = writeln!(md, "| {device} | {dtype} | - | not supported | | | |");
                 continue;
             }
-            let Some(rows) = rows(&text) else {
+            let Some((rows, failed)) = rows(&text) else {
                 problems.push(format!("{name}: a table row does not parse"));
                 continue;
             };
+            for f in failed {
+                problems.push(format!("{name}: {f} (output check; not timed)"));
+            }
             let Some(fused) = at_or_below(&rows, "fused", 1024) else {
                 problems.push(format!("{name}: no `fused` row at T <= 1024"));
                 continue;
@@ -277,7 +285,7 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
             continue;
         };
         match rows(&text) {
-            Some(rows) if !rows.is_empty() => {
+            Some((rows, _)) if !rows.is_empty() => {
                 let largest = rows.iter().map(|r| r.seq).max().unwrap_or(0);
                 let crossover = text
                     .lines()
