@@ -123,14 +123,14 @@ struct Measure {
 }
 
 /// `λ` of every run.
-const LAMBDA: f32 = 0.5;
+pub(crate) const LAMBDA: f32 = 0.5;
 
 /// The output check's bounds, by input dtype: on `|output - f64|` per element, and on
 /// `‖output - f64‖ / ‖f64‖` per row. Loose: they look for outputs that are wrong altogether,
 /// not for the last bits. The relative bound matters for late rows: with inputs uniform in
 /// [-1, 1), row `i` averages `~i` values of `Ĩ` and shrinks like `1/√i`, so an all-zero row of a
 /// long sequence would pass any absolute bound that f16 arithmetic also passes.
-fn check_tolerance(dtype: DType) -> (f64, f64) {
+pub(crate) fn check_tolerance(dtype: DType) -> (f64, f64) {
     match dtype {
         DType::F64 | DType::F32 => (1e-2, 0.25),
         _ => (5e-2, 0.5),
@@ -222,6 +222,16 @@ fn check_output(
         }
     }
     Ok(())
+}
+
+/// The output check of [`check_output`] for a FlashRelation output `y` (`λ` = [`LAMBDA`]), for
+/// the other benchmarks.
+pub(crate) fn check_relation_output(
+    y: &Tensor<4>,
+    x: [&Tensor<4>; 3],
+    dtype: DType,
+) -> Result<(), String> {
+    check_output(Method::Fused, y, x, dtype)
 }
 
 /// Times `method` at `seq`, or says why its output failed the check.

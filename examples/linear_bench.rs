@@ -13,14 +13,20 @@
 //! allocator holds after a training forward with its graph alive; "peak" is the growth of the
 //! allocator's reserved pages over one training step (forward + backward). Software Vulkan
 //! (lavapipe) timings are a correctness oracle, not GPU speed.
+//!
+//! Before a method is timed at a `T`, its forward output is checked: the Linear Relation paths
+//! against `relation_core::naive_chunk_linear_relation` run on the CPU (Flex) from the same
+//! inputs, FlashRelation as in the FlashRelation benchmark; a wrong output gives a `failed: …`
+//! row instead of times (see [`crate::flash_bench`]).
 
 use std::io::Write;
 use std::time::Duration;
 
+use crate::flash_bench::{check_relation_output, check_tolerance};
 use crate::{BenchArgs, bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
 use burn::tensor::{DType, Device, Tensor};
-use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
+use relation_core::{DEFAULT_TAU, naive_chunk_linear_relation};
 
 use relation_kernels::{
     CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, fused_recurrent_linear_relation,
@@ -80,7 +86,46 @@ struct Row {
     peak: Option<u64>,
 }
 
-fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
+/// `y` against the Linear Relation reference on the CPU for inputs `x` (`[p1, p2, info,
+/// log gates]`): loose bounds per element and per row ([`check_tolerance`]), as the
+/// FlashRelation benchmark's check.
+fn check_linear(y: &Tensor<4>, x: &[Tensor<4>; 4]) -> Result<(), String> {
+    let cpu = Device::flex();
+    let [p1, p2, info, gates] = x
+        .clone()
+        .map(|t| Tensor::<4>::from_data(t.into_data(), &cpu));
+    let want = naive_chunk_linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, 64)
+        .map_err(|e| format!("reference: {e}"))?
+        .y
+        .try_to_vec_as::<f32>()
+        .map_err(|e| format!("reading the reference: {e:?}"))?;
+    let got = y.try_to_vec_as::<f32>().expect("reading the output back");
+    let [_, _, _, d] = y.dims();
+    let (abs_bound, rel_bound) = check_tolerance(DType::F32);
+    // Rows of D (one token of one head) in [B, T, H, D] order.
+    for (row, (g, w)) in got.chunks(d).zip(want.chunks(d)).enumerate() {
+        let (mut worst, mut err_sq, mut want_sq) = (0.0f64, 0.0, 0.0);
+        for (&g, &w) in g.iter().zip(w) {
+            let err = f64::from(g - w).abs();
+            if !err.is_finite() {
+                return Err(format!("output {g} at row {row} of [B·T·H]"));
+            }
+            worst = worst.max(err);
+            (err_sq, want_sq) = (err_sq + err * err, want_sq + f64::from(w) * f64::from(w));
+        }
+        let rel = (err_sq / want_sq.max(f64::MIN_POSITIVE)).sqrt();
+        if worst > abs_bound || rel > rel_bound {
+            return Err(format!(
+                "row {row} of [B·T·H] off by {worst:.2e} (bound {abs_bound}), relative {rel:.2} \
+                 (bound {rel_bound})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Times `method` at `seq`, or says why its output failed the check.
+fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Result<Row, String> {
     let dims = [1, seq, args.bench.heads, args.bench.head_dim];
     let inputs = |device: &Device, grad: bool| {
         let make = |seed, scale, shift: f64| {
@@ -126,12 +171,18 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
                 .y
             }
             Method::Flash => {
-                let lambda = Tensor::<1>::from_data([0.5f32], &p1.device());
+                let lambda = Tensor::<1>::from_data([crate::flash_bench::LAMBDA], &p1.device());
                 flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("flash")
             }
         }
     };
     let x = inputs(device, false);
+    let y = run(&x);
+    match method {
+        Method::Flash => check_relation_output(&y, [&x[0], &x[1], &x[2]], DType::F32)?,
+        Method::Chunk | Method::Recurrent => check_linear(&y, &x)?,
+    }
+    drop(y);
     let forward = time_on(device, args.bench.iters_or(ITERS), &mut || {
         let _ = run(&x);
     });
@@ -144,12 +195,12 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Row {
     let train = time_on(device, args.bench.iters_or(ITERS), &mut step);
     let held = bytes_held_by(device, || run(&x));
     let peak = peak_bytes(device, step);
-    Row {
+    Ok(Row {
         forward,
         train,
         held,
         peak,
-    }
+    })
 }
 
 fn ratio(a: Duration, b: Duration) -> String {
@@ -176,35 +227,41 @@ pub fn run(args: &Args) {
     let mut crossover = None;
     let mut largest = 0;
     for &seq in &args.bench.seqs_or(&SEQS) {
-        let chunk = measure(Method::Chunk, args, &device, seq);
         largest = seq;
-        let mut rows = vec![(Method::Chunk, chunk)];
-        rows.push((
-            Method::Recurrent,
-            measure(Method::Recurrent, args, &device, seq),
-        ));
+        let mut rows = vec![Method::Chunk, Method::Recurrent];
         if seq <= args.max_flash {
-            rows.push((Method::Flash, measure(Method::Flash, args, &device, seq)));
+            rows.push(Method::Flash);
         }
-        let (chunk_fwd, chunk_train) = (rows[0].1.forward, rows[0].1.train);
-        if crossover.is_none()
-            && rows
-                .iter()
-                .any(|(m, r)| *m == Method::Flash && r.train > chunk_train)
+        let rows: Vec<(Method, Result<Row, String>)> = rows
+            .into_iter()
+            .map(|m| (m, measure(m, args, &device, seq)))
+            .collect();
+        let chunk = rows[0].1.as_ref().ok().map(|r| (r.forward, r.train));
+        if let Some((_, chunk_train)) = chunk
+            && crossover.is_none()
+            && rows.iter().any(|(m, r)| {
+                *m == Method::Flash && r.as_ref().is_ok_and(|r| r.train > chunk_train)
+            })
         {
             crossover = Some(seq);
         }
         for (method, r) in &rows {
-            let line = format!(
-                "| {seq} | {} | {} | {} | {} | {} | {} | {} |\n",
-                method.name(args.chunk),
-                ms(r.forward),
-                ms(r.train),
-                mib(r.held),
-                mib(r.peak),
-                ratio(r.forward, chunk_fwd),
-                ratio(r.train, chunk_train),
-            );
+            let line = match r {
+                Ok(r) => format!(
+                    "| {seq} | {} | {} | {} | {} | {} | {} | {} |\n",
+                    method.name(args.chunk),
+                    ms(r.forward),
+                    ms(r.train),
+                    mib(r.held),
+                    mib(r.peak),
+                    chunk.map_or("-".into(), |(f, _)| ratio(r.forward, f)),
+                    chunk.map_or("-".into(), |(_, t)| ratio(r.train, t)),
+                ),
+                Err(why) => format!(
+                    "| {seq} | {} | failed: {why} | failed | - | - | - | - |\n",
+                    method.name(args.chunk)
+                ),
+            };
             print!("{line}");
             std::io::stdout().flush().ok();
             table += &line;
