@@ -23,7 +23,7 @@
 //! Before a method is timed at a `T`, its forward output is checked: rows 0, 1, `T/2` and `T - 1`
 //! of every (batch, head) against the same rows computed in f64 on the host from the inputs it
 //! was given (the Relation of `docs/maths.md` section 1, or causal softmax attention). A method
-//! whose output is off by more than loose bounds ([`check_tolerance`]) or not finite is not
+//! whose output is off by more than loose bounds (`check_tolerance`) or not finite is not
 //! timed: its row says `failed` and why. This guards against silent failures, a kernel that never
 //! ran or a buffer past a device's limit finishing in microseconds (seen on a GPU with Vulkan:
 //! materialized and attention rows at T = 8K and 16K); accuracy is the kernel tests' business.

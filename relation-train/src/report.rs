@@ -153,7 +153,10 @@ fn median(xs: &[f64]) -> f64 {
 }
 
 /// The results table (Markdown) of the finished runs, variants in first-seen order, with the
-/// difference to `baseline`.
+/// difference to `baseline`: paired by seed over the seeds both have ([`paired_delta`]: the
+/// mean of the per-seed differences ± its standard error, which leaves out the seed-to-seed
+/// spread both variants share), or, without a common seed, the difference of the means ± the
+/// unpaired standard error, marked as such.
 pub fn table(runs: &[RunCurve], baseline: &str) -> String {
     let mut order: Vec<&str> = Vec::new();
     let mut by_variant: BTreeMap<&str, Vec<&RunCurve>> = BTreeMap::new();
@@ -179,12 +182,18 @@ pub fn table(runs: &[RunCurve], baseline: &str) -> String {
         let rs = &by_variant[v];
         let (mean, sd) = mean_sd(&finals(v));
         let seeds: Vec<String> = rs.iter().map(|r| r.seed.to_string()).collect();
-        let delta = match base {
-            Some((bm, bsd)) if v != baseline => {
+        let delta = match (base, paired_delta(runs, v, baseline)) {
+            (Some(_), Some(d)) if v != baseline => format!(
+                "{:+.4} ± {}, {} paired",
+                d.mean,
+                d.se.map_or("—".to_string(), |se| format!("{se:.4}")),
+                d.per_seed.len()
+            ),
+            (Some((bm, bsd)), None) if v != baseline => {
                 let n = rs.len() as f64;
                 let nb = by_variant[baseline].len() as f64;
                 let se = (sd * sd / n + bsd * bsd / nb).sqrt();
-                format!("{:+.4} ± {se:.4}", mean - bm)
+                format!("{:+.4} ± {se:.4}, unpaired", mean - bm)
             }
             _ => "—".into(),
         };

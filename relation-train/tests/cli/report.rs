@@ -37,6 +37,8 @@ fn report_tabulates_finished_runs() {
     let table = std::fs::read_to_string(out_dir.join("table.md")).unwrap();
     assert!(table.contains("| A | 0 |"), "{table}");
     assert!(table.contains("| F | 0, 1 |"), "{table}");
+    // F's difference to A pairs seed 0 only (A has no seed 1): one paired seed, no s.e.
+    assert!(table.contains(" ± —, 1 paired |"), "{table}");
     assert!(
         !table.contains("| L |"),
         "unfinished runs stay out of the table:\n{table}"
