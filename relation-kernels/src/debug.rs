@@ -81,17 +81,17 @@ pub enum Elementwise {
 /// Applies `f` to every element of `xs` in place (see [`Elementwise`]).
 #[cfg(feature = "flex")]
 pub fn elementwise(f: Elementwise, xs: &mut [f32]) {
-    use crate::tile::flex::{Vectorized, exp, sigmoid, silu, vectorized};
+    use crate::tile::flex::{MulAdd, Vectorized, exp, sigmoid, silu, vectorized};
     struct Apply<'a>(Elementwise, &'a mut [f32]);
     impl Vectorized for Apply<'_> {
         type Output = ();
         #[inline(always)]
-        fn run(self) {
+        fn run<M: MulAdd>(self) {
             let Apply(f, xs) = self;
             match f {
-                Elementwise::Exp => xs.iter_mut().for_each(|x| *x = exp(*x)),
-                Elementwise::Sigmoid => xs.iter_mut().for_each(|x| *x = sigmoid(*x)),
-                Elementwise::Silu => xs.iter_mut().for_each(|x| *x = silu(*x)),
+                Elementwise::Exp => xs.iter_mut().for_each(|x| *x = exp::<M>(*x)),
+                Elementwise::Sigmoid => xs.iter_mut().for_each(|x| *x = sigmoid::<M>(*x)),
+                Elementwise::Silu => xs.iter_mut().for_each(|x| *x = silu::<M>(*x)),
             }
         }
     }

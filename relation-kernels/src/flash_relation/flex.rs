@@ -51,8 +51,8 @@ use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::flex::{
-    LANES, Mat, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows, output,
-    prefetch, read_f32, sigmoid, silu, tensor, transpose_heads, vectorized,
+    LANES, Mat, MulAdd, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows,
+    output, prefetch, read_f32, sigmoid, silu, tensor, transpose_heads, vectorized,
 };
 use crate::tile::{Sequence, sequences};
 
@@ -279,14 +279,14 @@ impl Vectorized for ForwardBlock<'_, '_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
-        forward_block(self);
+    fn run<M: MulAdd>(self) {
+        forward_block::<M>(self);
     }
 }
 
 /// Query rows `i0 .. i0 + n` of one head.
 #[inline(always)] // into `ForwardBlock::run`, so the row loops are vectorised for this CPU
-fn forward_block(
+fn forward_block<M: MulAdd>(
     ForwardBlock {
         head,
         i0,
@@ -323,14 +323,14 @@ fn forward_block(
                 row[..nk].fill(0.0);
                 continue;
             }
-            let max = silu_max(row, valid, m[r]); // E = SiLU(U) in place
+            let max = silu_max::<M>(row, valid, m[r]); // E = SiLU(U) in place
             if max > m[r] {
-                let rescale = exp(m[r] - max);
+                let rescale = exp::<M>(m[r] - max);
                 l[r] *= rescale;
                 z[r][..d].iter_mut().for_each(|x| *x *= rescale);
                 m[r] = max;
             }
-            l[r] += exp_sum(row, valid, max); // P = e^{E - m} in place
+            l[r] += exp_sum::<M>(row, valid, max); // P = e^{E - m} in place
             row[valid..nk].fill(0.0);
         }
         // z += P Ĩ_tile
@@ -349,14 +349,14 @@ fn forward_block(
 
     for r in 0..n {
         let i = i0 + r;
-        let s = sigmoid(u_self[r] * inv_tau);
+        let s = sigmoid::<M>(u_self[r] * inv_tau);
         let (lse, g, inv_l) = if i > 0 {
             let lse = m[r] + l[r].ln();
             let log_mass = lse - lambda * ((i + 1) as f32).ln();
             let g = if exchange_only {
                 1.0
             } else {
-                sigmoid(log_mass - s)
+                sigmoid::<M>(log_mass - s)
             };
             (lse, g, 1.0 / l[r])
         } else {
@@ -388,7 +388,7 @@ const _: () = assert!(BLOCK_K.is_multiple_of(ROW_LANES));
 /// per lane, as in [`crate::tile::flex::max_of`] (NaN entries ignored), in [`ROW_LANES`] lanes
 /// combined in a fixed order.
 #[inline(always)]
-fn silu_max(row: &mut [f32], valid: usize, init: f32) -> f32 {
+fn silu_max<M: MulAdd>(row: &mut [f32], valid: usize, init: f32) -> f32 {
     debug_assert!(init >= 0.0, "the running maximum starts at 0: {init}");
     let greater = |m: f32, x: f32| if x > m { x } else { m };
     let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
@@ -396,7 +396,7 @@ fn silu_max(row: &mut [f32], valid: usize, init: f32) -> f32 {
     let mut lanes = [init; ROW_LANES];
     for chunk in row[..whole].chunks_exact_mut(ROW_LANES) {
         for (lane, x) in lanes.iter_mut().zip(chunk) {
-            let e = silu(*x);
+            let e = silu::<M>(*x);
             *x = e;
             *lane = greater(*lane, e);
         }
@@ -423,7 +423,7 @@ fn halving(mut lanes: [f32; ROW_LANES], f: impl Fn(f32, f32) -> f32) -> f32 {
 /// `sum P` (in [`ROW_LANES`] partial sums, fixed order): the exponent and the row sum in one
 /// pass, in whole vectors as [`silu_max`], with `P = 0` past `valid`.
 #[inline(always)]
-fn exp_sum(row: &mut [f32], valid: usize, max: f32) -> f32 {
+fn exp_sum<M: MulAdd>(row: &mut [f32], valid: usize, max: f32) -> f32 {
     let mut lanes = [0.0f32; ROW_LANES];
     let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
     for (c0, chunk) in (0..whole)
@@ -432,7 +432,11 @@ fn exp_sum(row: &mut [f32], valid: usize, max: f32) -> f32 {
     {
         for (l, (lane, x)) in lanes.iter_mut().zip(chunk).enumerate() {
             // Past `valid`, P = 0: out of the sum, and ready for the `P Ĩ` product.
-            let p = if c0 + l < valid { exp(*x - max) } else { 0.0 };
+            let p = if c0 + l < valid {
+                exp::<M>(*x - max)
+            } else {
+                0.0
+            };
             *x = p;
             *lane += p;
         }
@@ -446,7 +450,7 @@ const PREFETCH_ROWS: usize = 4;
 /// `a · (b - c)` (`a · b` when `c` is empty), in [`LANES`] partial sums combined in a fixed
 /// order, the tail after them.
 #[inline(always)]
-fn dot_by(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
+fn dot_by<M: MulAdd>(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
     let d = a.len();
     let full = d - d % LANES;
     let mut lanes = [0.0f32; LANES];
@@ -456,7 +460,7 @@ fn dot_by(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
             .zip(b[..full].chunks_exact(LANES))
         {
             for l in 0..LANES {
-                lanes[l] = a[l].mul_add(b[l], lanes[l]);
+                lanes[l] = M::mul_add(a[l], b[l], lanes[l]);
             }
         }
     } else {
@@ -466,7 +470,7 @@ fn dot_by(a: &[f32], b: &[f32], c: &[f32]) -> f32 {
             .zip(c[..full].chunks_exact(LANES))
         {
             for l in 0..LANES {
-                lanes[l] = a[l].mul_add(b[l] - c[l], lanes[l]);
+                lanes[l] = M::mul_add(a[l], b[l] - c[l], lanes[l]);
             }
         }
     }
@@ -587,15 +591,15 @@ impl Vectorized for BackwardHead<'_, '_> {
     type Output = f64;
 
     #[inline(always)]
-    fn run(self) -> f64 {
-        backward_head(self.head, self.saved, self.grads, self.scale, self.inv_tau)
+    fn run<M: MulAdd>(self) -> f64 {
+        backward_head::<M>(self.head, self.saved, self.grads, self.scale, self.inv_tau)
     }
 }
 
 /// Gradients of one head into `[dp1, dp2, dinfo]` (`T` rows of `D` each); returns
 /// `sum_i dA_i log i`.
 #[inline(always)] // into `BackwardHead::run`, so the element loops are vectorised for this CPU
-fn backward_head(
+fn backward_head<M: MulAdd>(
     head: Head<'_>,
     saved: Saved<'_>,
     [dp1, dp2, dinfo]: [&mut Vec<&mut [f32]>; 3],
@@ -632,8 +636,8 @@ fn backward_head(
         // dg = dY · (Ī - Ĩ), D = dĪ · Ī: each in `LANES` partial sums (fixed order). Written as
         // one loop over the five rows, LLVM paired the two sums in 2-lane vectors and did the
         // rest element by element (~5 % of the FlashRelation benchmark's samples at D 32).
-        let dg = dot_by(dy, ibar, info);
-        let dd = dot_by(dib_row, ibar, &[]);
+        let dg = dot_by::<M>(dy, ibar, info);
+        let dd = dot_by::<M>(dib_row, ibar, &[]);
         d_a[i] = dg * s_g * (1.0 - s_g);
         d_row[i] = dd;
         weighted += f64::from(d_a[i]) * ((i + 1) as f64).ln();
@@ -673,10 +677,10 @@ fn backward_head(
                 let valid = nk.min(i.saturating_sub(j0));
                 let shift = d_a[i] - d_row[i];
                 for (x, p) in u_row[..valid].iter_mut().zip(&mut p_row[..valid]) {
-                    let sg = sigmoid(*x);
-                    let pi = exp(x.mul_add(sg, -lse)); // e^{SiLU(U) - L}
+                    let sg = sigmoid::<M>(*x);
+                    let pi = exp::<M>(M::mul_add(*x, sg, -lse)); // e^{SiLU(U) - L}
                     let d_e = pi * (*p + shift);
-                    *x = d_e * sg * x.mul_add(1.0 - sg, 1.0); // dU = dE SiLU'(U)
+                    *x = d_e * sg * M::mul_add(*x, 1.0 - sg, 1.0); // dU = dE SiLU'(U)
                     *p = pi;
                 }
                 for (jj, (x, p)) in u_row

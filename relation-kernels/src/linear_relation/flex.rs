@@ -42,7 +42,8 @@ use crate::LinearRelationMode;
 use crate::launches;
 use crate::ops::{LinearArgs, LinearGrads, LinearParams};
 use crate::tile::flex::{
-    LANES, Vectorized, dims4, gather_heads, output, read_f32, scatter_heads, tensor, vectorized,
+    LANES, MulAdd, Vectorized, dims4, gather_heads, output, read_f32, scatter_heads, tensor,
+    vectorized,
 };
 use crate::tile::{Sequence, sequences};
 
@@ -328,7 +329,7 @@ impl Vectorized for ForwardHead<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
+    fn run<M: MulAdd>(self) {
         let Self { head, state, y } = self;
         let d = head.d;
         for (ti, e) in y.chunks_exact_mut(d).enumerate() {
@@ -365,7 +366,7 @@ impl Vectorized for BackwardHead<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
+    fn run<M: MulAdd>(self) {
         backward_head(self.head, self.h0, self.dy, self.d_final, self.grads);
     }
 }

@@ -18,7 +18,8 @@ use relation_core::RopePositions;
 
 use crate::launches;
 use crate::tile::flex::{
-    Vectorized, dims4, exp, max_of, output, product, tensor, transpose, vectorized, with_f32,
+    MulAdd, Vectorized, dims4, exp, max_of, output, product, tensor, transpose, vectorized,
+    with_f32,
 };
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
@@ -194,7 +195,7 @@ impl Vectorized for RopeTokens<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) -> Self::Output {
+    fn run<M: MulAdd>(self) -> Self::Output {
         let Self {
             y,
             x,
@@ -320,7 +321,7 @@ impl Vectorized for RmsNormFwd<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) -> Self::Output {
+    fn run<M: MulAdd>(self) -> Self::Output {
         let Self {
             y,
             r,
@@ -412,7 +413,7 @@ impl Vectorized for RmsNormBwd<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) -> Self::Output {
+    fn run<M: MulAdd>(self) -> Self::Output {
         let Self {
             dx,
             dgamma,
@@ -537,16 +538,16 @@ pub(crate) fn cross_entropy_fwd(
 
 /// `sum_v e^{x_v - m}`, in [`crate::tile::flex::LANES`] partial sums (fixed order: deterministic).
 #[inline(always)]
-fn sum_exp(x: &[f32], m: f32) -> f32 {
+fn sum_exp<M: MulAdd>(x: &[f32], m: f32) -> f32 {
     use crate::tile::flex::LANES;
     let mut lanes = [0.0f32; LANES];
     let mut chunks = x.chunks_exact(LANES);
     for chunk in &mut chunks {
         for (lane, &x) in lanes.iter_mut().zip(chunk) {
-            *lane += exp(x - m);
+            *lane += exp::<M>(x - m);
         }
     }
-    let tail: f32 = chunks.remainder().iter().map(|&x| exp(x - m)).sum();
+    let tail: f32 = chunks.remainder().iter().map(|&x| exp::<M>(x - m)).sum();
     lanes.iter().sum::<f32>() + tail
 }
 
@@ -597,9 +598,9 @@ impl Vectorized for SwigluFwd<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
+    fn run<M: MulAdd>(self) {
         for ((y, &g), &u) in self.y.iter_mut().zip(self.g).zip(self.u) {
-            *y = g / (1.0 + exp(-g)) * u;
+            *y = g / (1.0 + exp::<M>(-g)) * u;
         }
     }
 }
@@ -617,10 +618,10 @@ impl Vectorized for SwigluBwd<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
+    fn run<M: MulAdd>(self) {
         let Self { dg, du, g, u, dy } = self;
         for ((((dg, du), &g), &u), &dy) in dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u).zip(dy) {
-            let s = 1.0 / (1.0 + exp(-g));
+            let s = 1.0 / (1.0 + exp::<M>(-g));
             *du = dy * g * s;
             *dg = dy * u * s * (1.0 + g * (1.0 - s));
         }
@@ -640,7 +641,7 @@ impl Vectorized for CrossEntropyFwd<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
+    fn run<M: MulAdd>(self) {
         let Self {
             nll,
             lse,
@@ -650,7 +651,7 @@ impl Vectorized for CrossEntropyFwd<'_> {
         } = self;
         for (((nll, lse), x), &id) in nll.iter_mut().zip(lse.iter_mut()).zip(x.chunks(v)).zip(ids) {
             let m = max_of(x, f32::NEG_INFINITY);
-            let sum = sum_exp(x, m);
+            let sum = sum_exp::<M>(x, m);
             let l = m + sum.ln();
             *lse = l;
             *nll = l - x[id];
@@ -672,7 +673,7 @@ impl Vectorized for CrossEntropyBwd<'_> {
     type Output = ();
 
     #[inline(always)]
-    fn run(self) {
+    fn run<M: MulAdd>(self) {
         let Self {
             dx,
             x,
@@ -684,7 +685,7 @@ impl Vectorized for CrossEntropyBwd<'_> {
         for ((((dx, x), &l), &d), &id) in dx.chunks_mut(v).zip(x.chunks(v)).zip(lse).zip(d).zip(ids)
         {
             for (dx, &x) in dx.iter_mut().zip(x) {
-                *dx = d * exp(x - l);
+                *dx = d * exp::<M>(x - l);
             }
             dx[id] -= d;
         }

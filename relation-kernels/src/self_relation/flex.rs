@@ -5,7 +5,7 @@ use burn::tensor::Shape;
 use rayon::prelude::*;
 
 use crate::launches;
-use crate::tile::flex::{dims4, output, read_f32, sigmoid, tensor};
+use crate::tile::flex::{Unfused, dims4, output, read_f32, sigmoid, tensor};
 
 /// Rows per parallel task.
 const ROWS_PER_TASK: usize = 1024;
@@ -30,7 +30,7 @@ pub(crate) fn forward(p1: FlexTensor, p2: FlexTensor, scale: f32) -> FlexTensor 
                     .zip(&p2[row..row + d])
                     .map(|(a, b)| a * b)
                     .sum();
-                *out = sigmoid(scale * dot);
+                *out = sigmoid::<Unfused>(scale * dot);
             }
         });
     tensor(s, Shape::new([b, t, h]), dtype)

@@ -217,25 +217,65 @@ pub(crate) fn output(len: usize) -> Vec<f32> {
 pub(crate) trait Vectorized {
     /// What the body returns.
     type Output;
-    /// The body; implementations must be `#[inline(always)]`.
-    fn run(self) -> Self::Output;
+    /// The body, its multiply-adds computed as `M` says; implementations must be
+    /// `#[inline(always)]`.
+    fn run<M: MulAdd>(self) -> Self::Output;
+}
+
+/// How a kernel body computes `a b + c` ([`exp`] and the dot products of the element-wise
+/// loops): [`Fused`] where the instruction set [`vectorized`] compiles for has a fused
+/// multiply-add, [`Unfused`] where it has none. rustc never fuses `a * b + c` by itself, and
+/// `f32::mul_add` on a target without the instruction is a libm call per element (measured:
+/// the FlashRelation benchmark 2.6-3.7x slower under x86-64's SSE2 baseline), so the choice
+/// is made once per dispatch and compiled into the body.
+pub(crate) trait MulAdd {
+    /// `a b + c`.
+    fn mul_add(a: f32, b: f32, c: f32) -> f32;
+}
+
+/// One rounding: the `vfmadd` / `fmla` instruction.
+pub(crate) struct Fused;
+
+impl MulAdd for Fused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+
+/// Two roundings: a multiply, then an add.
+pub(crate) struct Unfused;
+
+impl MulAdd for Unfused {
+    #[inline(always)]
+    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
+        a * b + c
+    }
 }
 
 /// `pulp`'s entry: runs the body inside the trampoline compiled for the chosen extension.
-struct Dispatch<K>(K);
+struct Dispatch<K, M>(K, std::marker::PhantomData<M>);
 
-impl<K: Vectorized> pulp::WithSimd for Dispatch<K> {
+impl<K: Vectorized, M: MulAdd> pulp::WithSimd for Dispatch<K, M> {
     type Output = K::Output;
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _simd: S) -> K::Output {
-        self.0.run()
+        self.0.run::<M>()
     }
 }
 
-/// Runs `kernel` compiled for the vector extension [`flex_simd`] chose (see [`Vectorized`]).
+/// Runs `kernel` compiled for the vector extension [`flex_simd`] chose (see [`Vectorized`]),
+/// with fused multiply-adds wherever that extension has them: AVX2 and AVX-512 (x86-64-v3
+/// includes FMA), and every aarch64 CPU; not x86-64's SSE2 baseline or other targets'.
 pub(crate) fn vectorized<K: Vectorized>(kernel: K) -> K::Output {
-    arch().dispatch(Dispatch(kernel))
+    use std::marker::PhantomData;
+    let fused = flex_simd() != FlexSimd::Baseline || cfg!(target_arch = "aarch64");
+    if fused {
+        arch().dispatch(Dispatch::<K, Fused>(kernel, PhantomData))
+    } else {
+        arch().dispatch(Dispatch::<K, Unfused>(kernel, PhantomData))
+    }
 }
 
 /// The vector instruction set the Flex kernels (tile products, element-wise loops) run with.
@@ -348,8 +388,8 @@ static SIMD: std::sync::OnceLock<FlexSimd> = std::sync::OnceLock::new();
 /// can differ only where a kernel's reduction order follows the vector width; the tile
 /// products and the reductions of the element-wise kernels do not (each output sums its `k`
 /// terms in order, and the reductions keep a fixed number of partial sums at either width).
-/// AVX-512 and AVX2 both fuse the same multiply-adds; the baseline's tile products do not
-/// (`mul_add_e`), so its bits can differ from theirs.
+/// AVX-512 and AVX2 both fuse the same multiply-adds; x86-64's baseline fuses none (neither in
+/// the element-wise loops nor in the tile products), so its bits can differ from theirs.
 pub fn flex_simd() -> FlexSimd {
     *SIMD.get_or_init(|| simd_from_env().unwrap_or_else(FlexSimd::detect))
 }
@@ -390,14 +430,12 @@ fn arch() -> pulp::Arch {
 /// clamped to `[-87, 88]`, where `e^x` is a normal f32: below, the result is `e^-87 ≈ 1.6e-38`
 /// instead of a denormal or 0, which no caller can tell from 0; NaN stays NaN.
 ///
-/// Every multiply-add is a fused one (`mul_add`, one rounding): rustc never contracts `a * b + c`
-/// on its own, and fused, the polynomial and the range reduction are 9 instructions instead of
-/// 18, the most of an element-wise loop's work (measured: FlashRelation's element-wise loops
-/// ~40 % of the fused kernel at D 32). Every x86-64 extension [`vectorized`] picks past the
-/// baseline (AVX2, AVX-512) and every aarch64 CPU has the instruction, so the bits are the same
-/// under each; x86-64's SSE2 baseline computes the same correctly rounded value through libm.
+/// Every multiply-add goes through `M` ([`MulAdd`]): fused, the polynomial and the range
+/// reduction are 9 instructions instead of 18, the most of an element-wise loop's work
+/// (measured: FlashRelation's element-wise loops ~40 % of the fused kernel at D 32). AVX2 and
+/// AVX-512 both fuse, so their bits are the same.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub(crate) fn exp<M: MulAdd>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split in a high part exact in f32 and the rest, so r = x - n ln 2 loses nothing.
     const LN2_HI: f32 = 0.693_145_75;
@@ -405,17 +443,17 @@ pub(crate) fn exp(x: f32) -> f32 {
     // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer with plain adds.
     const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let shifted = x.mul_add(LOG2E, ROUND); // 1.5 * 2^23 + n: n sits in the low mantissa bits
+    let shifted = M::mul_add(x, LOG2E, ROUND); // 1.5 * 2^23 + n: n sits in the low mantissa bits
     let n = shifted - ROUND;
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
+    let r = M::mul_add(n, -LN2_HI, x);
+    let r = M::mul_add(n, -LN2_LO, r);
     // e^r = 1 + r (1 + r (1/2 + r (1/6 + r (1/24 + r (1/120 + r / 720))))), inside out.
-    let p = r.mul_add(1.0 / 720.0, 1.0 / 120.0);
-    let p = p.mul_add(r, 1.0 / 24.0);
-    let p = p.mul_add(r, 1.0 / 6.0);
-    let p = p.mul_add(r, 0.5);
-    let p = p.mul_add(r, 1.0);
-    let p = p.mul_add(r, 1.0);
+    let p = M::mul_add(r, 1.0 / 720.0, 1.0 / 120.0);
+    let p = M::mul_add(p, r, 1.0 / 24.0);
+    let p = M::mul_add(p, r, 1.0 / 6.0);
+    let p = M::mul_add(p, r, 0.5);
+    let p = M::mul_add(p, r, 1.0);
+    let p = M::mul_add(p, r, 1.0);
     // 2^n from the integer bits of `shifted` (n = bits(shifted) - bits(ROUND), exact for
     // |n| < 2^22), with wrapping integer adds: `n as i32` is a saturating conversion that LLVM
     // does lane by lane (measured: scalar `vcvttss2si` + `cmov` per element, ~1/3 of the
@@ -430,15 +468,15 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 /// `sigmoid(x) = 1 / (1 + e^-x)`.
 #[inline(always)]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+pub(crate) fn sigmoid<M: MulAdd>(x: f32) -> f32 {
+    1.0 / (1.0 + exp::<M>(-x))
 }
 
 /// `SiLU(x) = x sigmoid(x)`, as `x / (1 + e^-x)`: one division where `x * sigmoid(x)` takes a
 /// division and a product.
 #[inline(always)]
-pub(crate) fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
+pub(crate) fn silu<M: MulAdd>(x: f32) -> f32 {
+    x / (1.0 + exp::<M>(-x))
 }
 
 /// Asks the CPU to bring `x` into the L1 cache ahead of its use: one hint per 64-byte line, on
