@@ -126,7 +126,7 @@ struct Measure {
 pub(crate) const LAMBDA: f32 = 0.5;
 
 /// The output check's bounds, by input dtype: on `|output - f64|` per element, and on
-/// `‖output - f64‖ / ‖f64‖` per row. Loose: they look for outputs that are wrong altogether,
+/// `‖output - f64‖ / ‖f64‖` per row ([`check_row`]). Loose: they look for outputs that are wrong altogether,
 /// not for the last bits. The relative bound matters for late rows: with inputs uniform in
 /// [-1, 1), row `i` averages `~i` values of `Ĩ` and shrinks like `1/√i`, so an all-zero row of a
 /// long sequence would pass any absolute bound that f16 arithmetic also passes.
@@ -135,6 +135,36 @@ pub(crate) fn check_tolerance(dtype: DType) -> (f64, f64) {
         DType::F64 | DType::F32 => (1e-2, 0.25),
         _ => (5e-2, 0.5),
     }
+}
+
+/// `got` against `want` (one row of `D` values) under [`check_tolerance`]'s bounds; `Err` names
+/// the row (`what`) and how far off it is. A row whose expected values are all 0 must be 0.
+pub(crate) fn check_row(
+    got: &[f32],
+    want: impl IntoIterator<Item = f64>,
+    (abs_bound, rel_bound): (f64, f64),
+    what: impl std::fmt::Display,
+) -> Result<(), String> {
+    let (mut worst, mut err_sq, mut want_sq) = (0.0f64, 0.0, 0.0);
+    for (&got, want) in got.iter().zip(want) {
+        let err = (f64::from(got) - want).abs();
+        if !err.is_finite() {
+            return Err(format!("output {got} at {what}"));
+        }
+        worst = worst.max(err);
+        (err_sq, want_sq) = (err_sq + err * err, want_sq + want * want);
+    }
+    let rel = if err_sq == 0.0 {
+        0.0
+    } else {
+        (err_sq / want_sq).sqrt() // inf when the expected row is 0
+    };
+    if worst > abs_bound || rel > rel_bound {
+        return Err(format!(
+            "{what} off by {worst:.2e} (bound {abs_bound}), relative {rel:.2} (bound {rel_bound})"
+        ));
+    }
+    Ok(())
 }
 
 /// The host's copy of a `[B, T, H, D]` tensor, in f32 (exact for f16 and bf16 inputs).
@@ -196,28 +226,13 @@ fn check_output(
     let x = [x[0].as_slice(), x[1].as_slice(), x[2].as_slice()];
     let mut rows = vec![0, 1.min(t - 1), t / 2, t - 1];
     rows.dedup();
-    let (abs_bound, rel_bound) = check_tolerance(dtype);
+    let bounds = check_tolerance(dtype);
     for b in 0..batch {
         for &i in &rows {
             for h in 0..heads {
                 let want = expected_row(method, x, dims, [b, i, h]);
                 let at = ((b * t + i) * heads + h) * d;
-                let (mut worst, mut err_sq, mut want_sq) = (0.0f64, 0.0, 0.0);
-                for (&got, want) in y[at..at + d].iter().zip(want) {
-                    let err = (f64::from(got) - want).abs();
-                    if !err.is_finite() {
-                        return Err(format!("output {got} at row {i}"));
-                    }
-                    worst = worst.max(err);
-                    (err_sq, want_sq) = (err_sq + err * err, want_sq + want * want);
-                }
-                let rel = (err_sq / want_sq).sqrt();
-                if worst > abs_bound || rel > rel_bound {
-                    return Err(format!(
-                        "row {i} off by {worst:.2e} (bound {abs_bound}), relative {rel:.2} \
-                         (bound {rel_bound})"
-                    ));
-                }
+                check_row(&y[at..at + d], want, bounds, format_args!("row {i}"))?;
             }
         }
     }

@@ -284,12 +284,11 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
         let Some(text) = read(dir, &name, &mut problems) else {
             continue;
         };
-        if let Some((_, failed)) = rows(&text) {
-            for f in failed {
-                problems.push(format!("{name}: {f} (output check; not timed)"));
-            }
+        let parsed = rows(&text);
+        for f in parsed.iter().flat_map(|(_, failed)| failed) {
+            problems.push(format!("{name}: {f} (output check; not timed)"));
         }
-        match rows(&text) {
+        match parsed {
             Some((rows, _)) if !rows.is_empty() => {
                 let largest = rows.iter().map(|r| r.seq).max().unwrap_or(0);
                 let crossover = text

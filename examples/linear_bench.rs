@@ -22,7 +22,7 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::flash_bench::{check_relation_output, check_tolerance};
+use crate::flash_bench::{check_relation_output, check_row, check_tolerance};
 use crate::{BenchArgs, bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
@@ -87,8 +87,8 @@ struct Row {
 }
 
 /// `y` against the Linear Relation reference on the CPU for inputs `x` (`[p1, p2, info,
-/// log gates]`): loose bounds per element and per row ([`check_tolerance`]), as the
-/// FlashRelation benchmark's check.
+/// log gates]`): loose bounds per element and per row ([`check_row`]), as the FlashRelation
+/// benchmark's check.
 fn check_linear(y: &Tensor<4>, x: &[Tensor<4>; 4]) -> Result<(), String> {
     let cpu = Device::flex();
     let [p1, p2, info, gates] = x
@@ -101,25 +101,11 @@ fn check_linear(y: &Tensor<4>, x: &[Tensor<4>; 4]) -> Result<(), String> {
         .map_err(|e| format!("reading the reference: {e:?}"))?;
     let got = y.try_to_vec_as::<f32>().expect("reading the output back");
     let [_, _, _, d] = y.dims();
-    let (abs_bound, rel_bound) = check_tolerance(DType::F32);
+    let bounds = check_tolerance(DType::F32);
     // Rows of D (one token of one head) in [B, T, H, D] order.
     for (row, (g, w)) in got.chunks(d).zip(want.chunks(d)).enumerate() {
-        let (mut worst, mut err_sq, mut want_sq) = (0.0f64, 0.0, 0.0);
-        for (&g, &w) in g.iter().zip(w) {
-            let err = f64::from(g - w).abs();
-            if !err.is_finite() {
-                return Err(format!("output {g} at row {row} of [B·T·H]"));
-            }
-            worst = worst.max(err);
-            (err_sq, want_sq) = (err_sq + err * err, want_sq + f64::from(w) * f64::from(w));
-        }
-        let rel = (err_sq / want_sq.max(f64::MIN_POSITIVE)).sqrt();
-        if worst > abs_bound || rel > rel_bound {
-            return Err(format!(
-                "row {row} of [B·T·H] off by {worst:.2e} (bound {abs_bound}), relative {rel:.2} \
-                 (bound {rel_bound})"
-            ));
-        }
+        let want = w.iter().map(|&w| f64::from(w));
+        check_row(g, want, bounds, format_args!("row {row} of [B·T·H]"))?;
     }
     Ok(())
 }

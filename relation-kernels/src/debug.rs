@@ -78,10 +78,14 @@ pub enum Elementwise {
     Silu,
 }
 
-/// Applies `f` to every element of `xs` in place (see [`Elementwise`]).
+/// Applies `f` to every element of `xs` in place (see [`Elementwise`]), its multiply-adds
+/// `fused` (as under AVX2, AVX-512 and aarch64) or not (as under x86-64's SSE2 baseline)
+/// whichever extension runs it.
 #[cfg(feature = "flex")]
-pub fn elementwise(f: Elementwise, xs: &mut [f32]) {
-    use crate::tile::flex::{MulAdd, Vectorized, exp, sigmoid, silu, vectorized};
+pub fn elementwise(f: Elementwise, fused: bool, xs: &mut [f32]) {
+    use crate::tile::flex::{
+        Fused, MulAdd, Unfused, Vectorized, exp, sigmoid, silu, vectorized_as,
+    };
     struct Apply<'a>(Elementwise, &'a mut [f32]);
     impl Vectorized for Apply<'_> {
         type Output = ();
@@ -95,5 +99,9 @@ pub fn elementwise(f: Elementwise, xs: &mut [f32]) {
             }
         }
     }
-    vectorized(Apply(f, xs));
+    if fused {
+        vectorized_as::<_, Fused>(Apply(f, xs));
+    } else {
+        vectorized_as::<_, Unfused>(Apply(f, xs));
+    }
 }

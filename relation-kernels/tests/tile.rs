@@ -158,15 +158,22 @@ fn tile_product_matches_a_plain_product() {
 }
 
 /// `exp`, `sigmoid` and `SiLU` of the Flex kernels' element-wise loops (`debug::elementwise`,
-/// compiled as the kernels run them) against f64 over `[-87, 88]` and past it: within 3 ulp
+/// compiled as the kernels run them), with fused multiply-adds (AVX2, AVX-512, aarch64) and
+/// without (x86-64's SSE2 baseline), against f64 over `[-87, 88]` and past it: within 3 ulp
 /// (relative 3.6e-7) where the result is a normal f32, the clamp below -87 and above 88, NaN
 /// kept. `SiLU` and `sigmoid` are checked for absolute error where their value is tiny.
 #[test]
 fn elementwise_functions_match_f64() {
+    for fused in [true, false] {
+        elementwise_matches_f64(fused);
+    }
+}
+
+fn elementwise_matches_f64(fused: bool) {
     use relation_kernels::debug::{Elementwise, elementwise};
     const REL: f64 = 3.0 * f32::EPSILON as f64;
-    // A dense sweep of [-87, 88] (no grid point repeats a reduction step), the clamp points,
-    // and the range reduction's seams (n ln 2 ± 1 ulp, where the rounded n changes).
+    // A sweep of [-87, 88] in steps of 0.001, and the range reduction's seams ((n + 1/2) ln 2
+    // and its neighbours one ulp away, where the rounded n changes).
     let mut xs: Vec<f32> = (0..175_001).map(|i| -87.0 + i as f32 * 0.001).collect();
     for n in -125i32..=126 {
         let seam = (f64::from(n) + 0.5) * std::f64::consts::LN_2;
@@ -181,20 +188,20 @@ fn elementwise_functions_match_f64() {
     xs.extend([0.0, -0.0, 1e-30, -1e-30, 1e-8, -1e-8]);
 
     let mut e = xs.clone();
-    elementwise(Elementwise::Exp, &mut e);
+    elementwise(Elementwise::Exp, fused, &mut e);
     for (&x, &y) in xs.iter().zip(&e) {
         let want = f64::from(x).exp();
         let rel = (f64::from(y) - want).abs() / want;
         assert!(
             rel <= REL,
-            "exp({x:e}) = {y:e}, f64 {want:e}: relative error {rel:e}"
+            "fused {fused}: exp({x:e}) = {y:e}, f64 {want:e}: relative error {rel:e}"
         );
     }
 
     let mut s = xs.clone();
-    elementwise(Elementwise::Sigmoid, &mut s);
+    elementwise(Elementwise::Sigmoid, fused, &mut s);
     let mut u = xs.clone();
-    elementwise(Elementwise::Silu, &mut u);
+    elementwise(Elementwise::Silu, fused, &mut u);
     for ((&x, &sg), &si) in xs.iter().zip(&s).zip(&u) {
         let want = 1.0 / (1.0 + (-f64::from(x)).exp());
         // One more rounding than exp: the sum and the division, and e^-x clamped at -87 when
@@ -202,13 +209,13 @@ fn elementwise_functions_match_f64() {
         let err = (f64::from(sg) - want).abs();
         assert!(
             err <= 2.0 * REL * want,
-            "sigmoid({x:e}) = {sg:e}, f64 {want:e}: error {err:e}"
+            "fused {fused}: sigmoid({x:e}) = {sg:e}, f64 {want:e}: error {err:e}"
         );
         let want_silu = f64::from(x) * want;
         let err = (f64::from(si) - want_silu).abs();
         assert!(
             err <= 2.0 * REL * want_silu.abs() + 1e-38,
-            "silu({x:e}) = {si:e}, f64 {want_silu:e}: error {err:e}"
+            "fused {fused}: silu({x:e}) = {si:e}, f64 {want_silu:e}: error {err:e}"
         );
     }
 
@@ -221,7 +228,7 @@ fn elementwise_functions_match_f64() {
         f32::INFINITY,
         f32::NAN,
     ];
-    elementwise(Elementwise::Exp, &mut edge);
+    elementwise(Elementwise::Exp, fused, &mut edge);
     let (low, high) = ((-87.0f64).exp(), 88.0f64.exp());
     for (k, want) in [low, low, low, high, high].into_iter().enumerate() {
         let rel = (f64::from(edge[k]) - want).abs() / want;
@@ -233,7 +240,7 @@ fn elementwise_functions_match_f64() {
     }
     assert!(edge[5].is_nan(), "exp(NaN) must be NaN, got {}", edge[5]);
     let mut nan = vec![f32::NAN; 3];
-    elementwise(Elementwise::Silu, &mut nan);
+    elementwise(Elementwise::Silu, fused, &mut nan);
     assert!(
         nan.iter().all(|x| x.is_nan()),
         "SiLU(NaN) must be NaN: {nan:?}"

@@ -158,12 +158,10 @@ fn median(xs: &[f64]) -> f64 {
 /// spread both variants share), or, without a common seed, the difference of the means ± the
 /// unpaired standard error, marked as such.
 pub fn table(runs: &[RunCurve], baseline: &str) -> String {
-    let mut order: Vec<&str> = Vec::new();
+    let finished = || runs.iter().filter(|r| r.finished());
+    let order = variant_order(finished());
     let mut by_variant: BTreeMap<&str, Vec<&RunCurve>> = BTreeMap::new();
-    for r in runs.iter().filter(|r| r.finished()) {
-        if !order.contains(&r.variant.as_str()) {
-            order.push(&r.variant);
-        }
+    for r in finished() {
         by_variant.entry(&r.variant).or_default().push(r);
     }
     let finals = |v: &str| -> Vec<f64> {

@@ -269,13 +269,16 @@ impl<K: Vectorized, M: MulAdd> pulp::WithSimd for Dispatch<K, M> {
 /// with fused multiply-adds wherever that extension has them: AVX2 and AVX-512 (x86-64-v3
 /// includes FMA), and every aarch64 CPU; not x86-64's SSE2 baseline or other targets'.
 pub(crate) fn vectorized<K: Vectorized>(kernel: K) -> K::Output {
-    use std::marker::PhantomData;
-    let fused = flex_simd() != FlexSimd::Baseline || cfg!(target_arch = "aarch64");
-    if fused {
-        arch().dispatch(Dispatch::<K, Fused>(kernel, PhantomData))
+    if flex_simd() != FlexSimd::Baseline || cfg!(target_arch = "aarch64") {
+        vectorized_as::<K, Fused>(kernel)
     } else {
-        arch().dispatch(Dispatch::<K, Unfused>(kernel, PhantomData))
+        vectorized_as::<K, Unfused>(kernel)
     }
+}
+
+/// [`vectorized`] with the multiply-adds `M` whatever the extension (for tests of both).
+pub(crate) fn vectorized_as<K: Vectorized, M: MulAdd>(kernel: K) -> K::Output {
+    arch().dispatch(Dispatch::<K, M>(kernel, std::marker::PhantomData))
 }
 
 /// The vector instruction set the Flex kernels (tile products, element-wise loops) run with.
