@@ -16,8 +16,11 @@
 //!   forward on CubeCL; its training falls back to the decomposed form),
 //!
 //! the memory held after the forward pass with the autodiff graph alive (what a training step
-//! keeps for its backward; CubeCL devices only) and the peak memory of a training step (the
-//! device allocator's high-water mark on CubeCL, the process heap's on CPU backends). Ratios are
+//! keeps for its backward; CubeCL devices only) and the peak memory of a training step (the process
+//! heap's high-water mark on CPU backends; on CubeCL an upper bound written `≤ …`, the pages the
+//! device allocator reserved less the bytes in use before the step, because CubeCL keeps no
+//! high-water mark of the bytes in use: its pages are sized to the largest allocation so far, so
+//! the bound is loose by up to a page, ~8 MiB of small-allocation pool among them). Ratios are
 //! against the fused kernel.
 //!
 //! Before a method is timed at a `T`, its forward output is checked: rows 0, 1, `T/2` and `T - 1`
@@ -32,7 +35,10 @@
 use std::io::Write;
 use std::time::Duration;
 
-use crate::{BenchArgs, bytes_held_by, device_label, mib, ms, parse_dtype, peak_bytes, time_on};
+use crate::{
+    BenchArgs, Peak, bytes_held_by, device_label, mib, ms, parse_dtype, peak_bytes, peak_mib,
+    time_on,
+};
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Tensor};
@@ -119,7 +125,7 @@ struct Measure {
     forward: Duration,
     train: Duration,
     held_bytes: Option<u64>,
-    peak_bytes: Option<u64>,
+    peak_bytes: Option<Peak>,
 }
 
 /// `λ` of every run.
@@ -364,7 +370,7 @@ pub fn run(args: &Args) {
                 ms(m.forward),
                 ms(m.train),
                 mib(m.held_bytes),
-                mib(m.peak_bytes),
+                peak_mib(m.peak_bytes),
                 ratio(m.forward, fused.as_ref().map(|f| f.forward)),
                 ratio(m.train, fused.as_ref().map(|f| f.train)),
             );

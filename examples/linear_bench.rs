@@ -10,8 +10,10 @@
 //! Linear Relation is `O(T D^2)` in time and `O(T D)` in memory; FlashRelation is `O(T^2 D)` in
 //! time and `O(T D)` in memory. Training time is forward + backward with gradients of every
 //! input (each Linear Relation path with its own fused backward). "held" is what the
-//! allocator holds after a training forward with its graph alive; "peak" is the growth of the
-//! allocator's reserved pages over one training step (forward + backward). Software Vulkan
+//! allocator holds after a training forward with its graph alive; "peak" is the working memory
+//! of one training step (forward + backward): the heap's high-water mark on CPU backends, an
+//! upper bound from the allocator's reserved pages on CubeCL (`≤ …`, see
+//! [`crate::peak_reserved_by`]). Software Vulkan
 //! (lavapipe) timings are a correctness oracle, not GPU speed.
 //!
 //! Before a method is timed at a `T`, its forward output is checked: the Linear Relation paths
@@ -23,7 +25,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use crate::flash_bench::{check_relation_output, check_row, check_tolerance};
-use crate::{BenchArgs, bytes_held_by, device_label, mib, ms, peak_bytes, time_on};
+use crate::{BenchArgs, Peak, bytes_held_by, device_label, mib, ms, peak_bytes, peak_mib, time_on};
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_chunk_linear_relation};
@@ -83,7 +85,7 @@ struct Row {
     forward: Duration,
     train: Duration,
     held: Option<u64>,
-    peak: Option<u64>,
+    peak: Option<Peak>,
 }
 
 /// `y` against the Linear Relation reference on the CPU for inputs `x` (`[p1, p2, info,
@@ -239,7 +241,7 @@ pub fn run(args: &Args) {
                     ms(r.forward),
                     ms(r.train),
                     mib(r.held),
-                    mib(r.peak),
+                    peak_mib(r.peak),
                     chunk.map_or("-".into(), |(f, _)| ratio(r.forward, f)),
                     chunk.map_or("-".into(), |(_, t)| ratio(r.train, t)),
                 ),
