@@ -85,12 +85,28 @@ pub(crate) fn linear(d_in: usize, d_out: usize, device: &Device) -> Linear {
 /// # Errors
 /// `x` whose dtype differs from the layer's (a model cast only in part).
 pub(crate) fn dense(layer: &Linear, x: Tensor<3>) -> crate::Result<Tensor<3>> {
+    let bias = layer.bias.as_ref().map(|bias| bias.val());
+    dense_with(layer.weight.val(), bias, x)
+}
+
+/// [`dense`] with the weight `[d_in, d_out]` and bias `[d_out]` given as tensors (a weight
+/// computed from parameters, such as the Givens-mixed information projection).
+///
+/// # Shapes
+/// - `weight`: `[d_in, d_out]`, `bias`: `[d_out]`, `x`: `[B, T, d_in]`, output: `[B, T, d_out]`
+///
+/// # Errors
+/// As [`dense`].
+pub(crate) fn dense_with(
+    weight: Tensor<2>,
+    bias: Option<Tensor<1>>,
+    x: Tensor<3>,
+) -> crate::Result<Tensor<3>> {
     let [b, t, d_in] = x.dims();
     let x = x.reshape([b * t, d_in]); // [B, T, d_in] -> [B·T, d_in]
-    let mut y =
-        relation_kernels::dense(x, layer.weight.val(), WeightLayout::InOut, Strategy::Auto)?;
-    if let Some(bias) = &layer.bias {
-        y = y + bias.val().unsqueeze_dim(0); // [B·T, d_out] + [1, d_out]
+    let mut y = relation_kernels::dense(x, weight, WeightLayout::InOut, Strategy::Auto)?;
+    if let Some(bias) = bias {
+        y = y + bias.unsqueeze_dim(0); // [B·T, d_out] + [1, d_out]
     }
     let d_out = y.dims()[1];
     Ok(y.reshape([b, t, d_out])) // [B·T, d_out] -> [B, T, d_out]

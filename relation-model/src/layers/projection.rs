@@ -7,7 +7,7 @@ use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use relation_core::RopePositions;
 
-use super::{dense, linear, rope_heads, split_heads};
+use super::{dense, dense_with, linear, rope_heads, split_heads};
 
 /// Configuration of a [`RelationProjection`].
 #[derive(Config, Debug)]
@@ -112,15 +112,50 @@ impl RelationProjection {
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let p1 = rope_heads(&self.w1, x.clone(), self.heads, positions, self.rope_base)?;
         let p2 = rope_heads(&self.w2, x.clone(), self.heads, positions, self.rope_base)?;
-        let info = match &self.wi {
-            Some(wi) => dense(wi, x)?,
-            None => x, // I = X
-        };
-        let info = split_heads(info, self.heads); // [B, T, H, D]
-        let info = match &self.angles {
-            Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,
-            None => info,
+        let info = match (&self.wi, &self.angles) {
+            (Some(wi), Some(angles)) => {
+                let weight = self.mix_rows(wi.weight.val(), angles)?;
+                let bias = match &wi.bias {
+                    Some(bias) => {
+                        let bias = bias.val().unsqueeze_dim(0); // [d] -> [1, d]
+                        Some(self.mix_rows(bias, angles)?.squeeze_dim(0)) // [1, d] -> [d]
+                    }
+                    None => None,
+                };
+                split_heads(dense_with(weight, bias, x)?, self.heads) // [B, T, H, D]
+            }
+            (Some(wi), None) => split_heads(dense(wi, x)?, self.heads),
+            (None, angles) => {
+                let info = split_heads(x, self.heads); // I = X, [B, T, H, D]
+                match angles {
+                    Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,
+                    None => info,
+                }
+            }
         };
         Ok((p1, p2, info))
+    }
+
+    /// The Givens mixing of this layer applied to every row of `w` as if each were one token's
+    /// `[H·D]` features.
+    ///
+    /// Why the information projection mixes its weight rather than its output: the mixing
+    /// rotates pairs of heads of one token, feature `j` of head `a` with feature `j` of head
+    /// `b`, which is a linear map `G` on each token's row alone, so `Givens(X W_I) = (X W_I) G =
+    /// X (W_I G)`, and `W_I G` is `W_I` with each of its `d_in` rows mixed as a token would be.
+    /// The mixing (forward and backward, with the angles' gradient) then costs `O(d_in · d)`
+    /// per step instead of `O(B·T · d)` passes over the activations (for the 3.7M model's
+    /// 4,096-token step, 256 rows instead of 4,096). Only rounding differs: each element of
+    /// `Ĩ` is one sum over `d_in` either way, with the rotation applied to its terms instead of
+    /// its result.
+    ///
+    /// # Shapes
+    /// - `w`: `[rows, H·D]`, output: same
+    fn mix_rows(&self, w: Tensor<2>, angles: &Param<Tensor<1>>) -> crate::Result<Tensor<2>> {
+        let [rows, d] = w.dims();
+        let heads = self.heads;
+        let w = w.reshape([1, rows, heads, d / heads]); // [rows, H·D] -> [1, rows, H, D]
+        let mixed = relation_core::givens_mix(w, angles.val(), self.layer)?;
+        Ok(mixed.reshape([rows, d])) // [1, rows, H, D] -> [rows, H·D]
     }
 }

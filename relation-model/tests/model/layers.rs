@@ -87,3 +87,78 @@ fn delta_rule_step_matches_the_matrix_formula() {
         tolerance(DType::F64, Check::Forward),
     );
 }
+
+/// The information projection mixes the rows of its weight (`Givens(X W_I) = X Givens(W_I)`,
+/// `RelationProjection::forward`) instead of its output: `Ĩ` and the gradients of `X`, `W_I`,
+/// its bias and the angles must match the Givens mixing applied to `X W_I` token by token, as
+/// the specification writes it, for both pairings (layers 0 and 1) and with a bias.
+#[test]
+fn givens_mixed_weight_matches_mixing_every_token() {
+    use burn::module::Param;
+    use burn::nn::LinearConfig;
+    use relation_core::givens_mix;
+    use relation_core::testing::uniform;
+    use relation_model::RelationProjectionConfig;
+
+    let device = Device::flex().autodiff();
+    let (b, t, heads, d) = (2, 5, 4, 32);
+    for layer in [0, 1] {
+        for with_bias in [false, true] {
+            let case = format!("layer {layer}, bias {with_bias}");
+            let mut projection = RelationProjectionConfig::new(d, heads)
+                .with_layer(layer)
+                .init(&device)
+                .unwrap();
+            let angles = Tensor::<1>::from_data([0.3, -1.1], &device);
+            projection.angles = Some(Param::from_tensor(angles.clone()));
+            if with_bias {
+                let mut wi = LinearConfig::new(d, d).with_bias(true).init(&device);
+                wi.bias = Some(Param::from_tensor(uniform(
+                    [d],
+                    9,
+                    1.0,
+                    &device,
+                    DType::F32,
+                )));
+                projection.wi = Some(wi);
+            }
+            let wi = projection.wi.clone().unwrap();
+            let x = uniform([b, t, d], 7, 1.0, &device, DType::F32).require_grad();
+            let cotangent = uniform([b, t, heads, d / heads], 8, 1.0, &device, DType::F32);
+
+            let (_, _, info) = projection.forward(x.clone(), 0).unwrap();
+            let grads = (info.clone() * cotangent.clone()).sum().backward();
+
+            // The specification's order, on leaves of their own: project every token, then mix.
+            let x_ref = x.clone().detach().require_grad();
+            let w_ref = wi.weight.val().detach().require_grad();
+            let bias_ref = wi.bias.as_ref().map(|p| p.val().detach().require_grad());
+            let angles_ref = angles.require_grad();
+            let mut y = x_ref.clone().matmul(w_ref.clone().unsqueeze_dim(0)); // [B, T, d]
+            if let Some(bias) = &bias_ref {
+                y = y + bias.clone().unsqueeze_dim::<2>(0).unsqueeze_dim(0); // + [1, 1, d]
+            }
+            let y = y.reshape([b, t, heads, d / heads]); // [B, T, d] -> [B, T, H, D]
+            let expected = givens_mix(y, angles_ref.clone(), layer).unwrap();
+            let grads_ref = (expected.clone() * cotangent).sum().backward();
+
+            let forward = tolerance(DType::F32, Check::Forward);
+            let gradient = tolerance(DType::F32, Check::Gradient);
+            assert_close(&format!("Ĩ ({case})"), &info, &expected, forward);
+            let grad = |what: &str, actual: Option<Tensor<1>>, expected: Option<Tensor<1>>| {
+                let (actual, expected) = (actual.unwrap(), expected.unwrap());
+                assert_close(&format!("{what} ({case})"), &actual, &expected, gradient);
+            };
+            let flat = |g: Option<Tensor<3>>| g.map(|g| g.reshape([-1]));
+            grad("dX", flat(x.grad(&grads)), flat(x_ref.grad(&grads_ref)));
+            let flat = |g: Option<Tensor<2>>| g.map(|g| g.reshape([-1]));
+            let dw = flat(wi.weight.val().grad(&grads));
+            grad("dW_I", dw, flat(w_ref.grad(&grads_ref)));
+            let d_angles = projection.angles.as_ref().unwrap().val().grad(&grads);
+            grad("dθ", d_angles, angles_ref.grad(&grads_ref));
+            if let (Some(bias), Some(bias_ref)) = (&wi.bias, &bias_ref) {
+                grad("d bias", bias.val().grad(&grads), bias_ref.grad(&grads_ref));
+            }
+        }
+    }
+}
