@@ -444,6 +444,37 @@ fn exp_sum<M: MulAdd>(row: &mut [f32], valid: usize, max: f32) -> f32 {
     halving(lanes, |a, b| a + b)
 }
 
+/// The Exchange part of one backward tile row, in place over its first `valid` entries (of
+/// `BLOCK_K`): `U` becomes `dU = dE SiLU'(U)` with `dE = pi (dP - D + dA)`, and `dP` becomes
+/// `pi = e^{SiLU(U) - L}` (`shift = dA - D`, `lse = L`).
+///
+/// In whole [`ROW_LANES`]-wide vectors up to `valid` rounded up, like [`silu_max`]: on a
+/// diagonal tile every row's `valid` differs, and the loop cut at `valid` spent a scalar tail
+/// per row. The entries past `valid` are computed from whatever the tile holds there and must
+/// be overwritten by the caller (it writes the Self term and the mask's zeros).
+#[inline(always)]
+fn exchange_grad<M: MulAdd>(
+    u_row: &mut [f32],
+    p_row: &mut [f32],
+    valid: usize,
+    lse: f32,
+    shift: f32,
+) {
+    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
+    for (u, p) in u_row[..whole]
+        .chunks_exact_mut(ROW_LANES)
+        .zip(p_row[..whole].chunks_exact_mut(ROW_LANES))
+    {
+        for (x, p) in u.iter_mut().zip(p) {
+            let sg = sigmoid::<M>(*x);
+            let pi = exp::<M>(M::mul_add(*x, sg, -lse)); // e^{SiLU(U) - L}
+            let d_e = pi * (*p + shift);
+            *x = d_e * sg * M::mul_add(*x, 1.0 - sg, 1.0); // dU = dE SiLU'(U)
+            *p = pi;
+        }
+    }
+}
+
 /// How many rows ahead the backward's prepass asks for its inputs ([`prefetch`]).
 const PREFETCH_ROWS: usize = 4;
 
@@ -670,32 +701,19 @@ fn backward_head<M: MulAdd>(
             for r in 0..n {
                 let i = i0 + r;
                 let (lse, s) = (saved.stats(i)[stat::LSE], saved.stats(i)[stat::SELF]);
+                // The whole `BLOCK_K`-wide rows of the tiles: the Exchange entries run in whole
+                // vectors, as in `silu_max`.
                 let (u_row, p_row) = (
-                    &mut u[r * BLOCK_K..r * BLOCK_K + nk],
-                    &mut dp[r * BLOCK_K..r * BLOCK_K + nk],
+                    &mut u[r * BLOCK_K..(r + 1) * BLOCK_K],
+                    &mut dp[r * BLOCK_K..(r + 1) * BLOCK_K],
                 );
                 let valid = nk.min(i.saturating_sub(j0));
-                let shift = d_a[i] - d_row[i];
-                for (x, p) in u_row[..valid].iter_mut().zip(&mut p_row[..valid]) {
-                    let sg = sigmoid::<M>(*x);
-                    let pi = exp::<M>(M::mul_add(*x, sg, -lse)); // e^{SiLU(U) - L}
-                    let d_e = pi * (*p + shift);
-                    *x = d_e * sg * M::mul_add(*x, 1.0 - sg, 1.0); // dU = dE SiLU'(U)
-                    *p = pi;
-                }
-                for (jj, (x, p)) in u_row
-                    .iter_mut()
-                    .zip(p_row.iter_mut())
-                    .enumerate()
-                    .skip(valid)
-                {
-                    // j = i: the Self term; j > i: masked.
-                    *x = if j0 + jj == i {
-                        -d_a[i] * s * (1.0 - s) * inv_tau
-                    } else {
-                        0.0
-                    };
-                    *p = 0.0;
+                exchange_grad::<M>(u_row, p_row, valid, lse, d_a[i] - d_row[i]);
+                // j = i: the Self term; j > i: masked (the products after this read zeros).
+                u_row[valid..nk].fill(0.0);
+                p_row[valid..nk].fill(0.0);
+                if (j0..j0 + nk).contains(&i) {
+                    u_row[i - j0] = -d_a[i] * s * (1.0 - s) * inv_tau;
                 }
             }
             // dp1_i += scale dU P2_j;  dp2_j += scale dUᵀ P1_i;  dĨ_j += piᵀ dĪ_i
