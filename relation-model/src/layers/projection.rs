@@ -112,8 +112,11 @@ impl RelationProjection {
     ) -> crate::Result<(Tensor<4>, Tensor<4>, Tensor<4>)> {
         let p1 = rope_heads(&self.w1, x.clone(), self.heads, positions, self.rope_base)?;
         let p2 = rope_heads(&self.w2, x.clone(), self.heads, positions, self.rope_base)?;
+        let [b, t, _] = x.dims();
         let info = match (&self.wi, &self.angles) {
-            (Some(wi), Some(angles)) => {
+            // Mix whichever has fewer rows: `W_I` (`d_in`) or the tokens (`B·T`; one when
+            // decoding). See `mix_rows`.
+            (Some(wi), Some(angles)) if b * t >= wi.weight.dims()[0] => {
                 let weight = self.mix_rows(wi.weight.val(), angles)?;
                 let bias = match &wi.bias {
                     Some(bias) => {
@@ -124,9 +127,12 @@ impl RelationProjection {
                 };
                 split_heads(dense_with(weight, bias, x)?, self.heads) // [B, T, H, D]
             }
-            (Some(wi), None) => split_heads(dense(wi, x)?, self.heads),
-            (None, angles) => {
-                let info = split_heads(x, self.heads); // I = X, [B, T, H, D]
+            (wi, angles) => {
+                let info = match wi {
+                    Some(wi) => dense(wi, x)?,
+                    None => x, // I = X
+                };
+                let info = split_heads(info, self.heads); // [B, T, H, D]
                 match angles {
                     Some(angles) => relation_core::givens_mix(info, angles.val(), self.layer)?,
                     None => info,
@@ -145,9 +151,10 @@ impl RelationProjection {
     /// X (W_I G)`, and `W_I G` is `W_I` with each of its `d_in` rows mixed as a token would be.
     /// The mixing (forward and backward, with the angles' gradient) then costs `O(d_in · d)`
     /// per step instead of `O(B·T · d)` passes over the activations (for the 3.7M model's
-    /// 4,096-token step, 256 rows instead of 4,096). Only rounding differs: each element of
-    /// `Ĩ` is one sum over `d_in` either way, with the rotation applied to its terms instead of
-    /// its result.
+    /// 4,096-token step, 256 rows instead of 4,096), so the forward takes this route whenever
+    /// `B·T >= d_in` and mixes the tokens otherwise (decoding, one token at a time). Only
+    /// rounding differs: each element of `Ĩ` is one sum over `d_in` either way, with the
+    /// rotation applied to its terms instead of its result.
     ///
     /// # Shapes
     /// - `w`: `[rows, H·D]`, output: same

@@ -91,7 +91,8 @@ fn delta_rule_step_matches_the_matrix_formula() {
 /// The information projection mixes the rows of its weight (`Givens(X W_I) = X Givens(W_I)`,
 /// `RelationProjection::forward`) instead of its output: `Ĩ` and the gradients of `X`, `W_I`,
 /// its bias and the angles must match the Givens mixing applied to `X W_I` token by token, as
-/// the specification writes it, for both pairings (layers 0 and 1) and with a bias.
+/// the specification writes it, for both pairings (layers 0 and 1) and with a bias; with fewer
+/// tokens than `W_I` has rows it mixes the tokens, which must agree too.
 #[test]
 fn givens_mixed_weight_matches_mixing_every_token() {
     use burn::module::Param;
@@ -101,10 +102,11 @@ fn givens_mixed_weight_matches_mixing_every_token() {
     use relation_model::RelationProjectionConfig;
 
     let device = Device::flex().autodiff();
-    let (b, t, heads, d) = (2, 5, 4, 32);
-    for layer in [0, 1] {
-        for with_bias in [false, true] {
-            let case = format!("layer {layer}, bias {with_bias}");
+    let (b, heads, d) = (2, 4, 32);
+    // B·T = 10 < d: the tokens are mixed; B·T = 40 >= d: the weight is.
+    for (t, layer, with_bias) in [(5, 0, false), (20, 0, false), (20, 1, false), (20, 1, true)] {
+        {
+            let case = format!("T {t}, layer {layer}, bias {with_bias}");
             let mut projection = RelationProjectionConfig::new(d, heads)
                 .with_layer(layer)
                 .init(&device)
