@@ -125,6 +125,13 @@ fn rows(text: &str) -> Option<(Vec<Row>, Vec<String>)> {
     Some((out, failed))
 }
 
+/// The rows of table `name` that failed the output check, as problems of the summary.
+fn failed_rows(problems: &mut Vec<String>, name: &str, failed: &[String]) {
+    for f in failed {
+        problems.push(format!("{name}: {f} (output check; not timed)"));
+    }
+}
+
 /// The row of `method` at the largest `T` of the table at or below `seq` (the paper's anchor is at
 /// T = 1024; a rehearsal runs shorter sequences).
 fn at_or_below<'a>(rows: &'a [Row], method: &str, seq: usize) -> Option<&'a Row> {
@@ -246,9 +253,7 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 problems.push(format!("{name}: a table row does not parse"));
                 continue;
             };
-            for f in failed {
-                problems.push(format!("{name}: {f} (output check; not timed)"));
-            }
+            failed_rows(&mut problems, &name, &failed);
             let Some(fused) = at_or_below(&rows, "fused", 1024) else {
                 problems.push(format!("{name}: no `fused` row at T <= 1024"));
                 continue;
@@ -285,8 +290,8 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
             continue;
         };
         let parsed = rows(&text);
-        for f in parsed.iter().flat_map(|(_, failed)| failed) {
-            problems.push(format!("{name}: {f} (output check; not timed)"));
+        if let Some((_, failed)) = &parsed {
+            failed_rows(&mut problems, &name, failed);
         }
         match parsed {
             Some((rows, _)) if !rows.is_empty() => {

@@ -18,8 +18,8 @@ use relation_core::RopePositions;
 
 use crate::launches;
 use crate::tile::flex::{
-    MulAdd, Vectorized, dims4, exp, max_of, output, product, tensor, transpose, vectorized,
-    with_f32,
+    MulAdd, Vectorized, dims4, exp, max_of, output, product, sigmoid, silu, tensor, transpose,
+    vectorized, with_f32,
 };
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
@@ -600,7 +600,7 @@ impl Vectorized for SwigluFwd<'_> {
     #[inline(always)]
     fn run<M: MulAdd>(self) {
         for ((y, &g), &u) in self.y.iter_mut().zip(self.g).zip(self.u) {
-            *y = g / (1.0 + exp::<M>(-g)) * u;
+            *y = silu::<M>(g) * u;
         }
     }
 }
@@ -621,7 +621,7 @@ impl Vectorized for SwigluBwd<'_> {
     fn run<M: MulAdd>(self) {
         let Self { dg, du, g, u, dy } = self;
         for ((((dg, du), &g), &u), &dy) in dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u).zip(dy) {
-            let s = 1.0 / (1.0 + exp::<M>(-g));
+            let s = sigmoid::<M>(g);
             *du = dy * g * s;
             *dg = dy * u * s * (1.0 + g * (1.0 - s));
         }

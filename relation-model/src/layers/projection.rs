@@ -166,3 +166,51 @@ impl RelationProjection {
         Ok(mixed.reshape([rows, d])) // [1, rows, H, D] -> [rows, H·D]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use burn::module::Param;
+    use burn::tensor::{DType, Device, Tensor};
+    use relation_core::givens_mix;
+    use relation_core::testing::uniform;
+
+    use super::super::{dense, dense_with, split_heads};
+    use super::RelationProjectionConfig;
+
+    /// The route `forward` takes, bit for bit: `W_I`'s rows mixed once `B·T >= d_in` (here at
+    /// `B·T` = 32 = `d_in`, the boundary), every token's `X W_I` mixed below it (`B·T` = 10). The
+    /// two routes round differently, so each output matches one of them only. (That both routes
+    /// agree with the specification is `givens_mixed_weight_matches_mixing_every_token`.)
+    #[test]
+    fn mixes_the_weight_only_with_at_least_as_many_tokens_as_rows() {
+        let device = Device::flex();
+        let (d, heads, layer) = (32, 4, 1);
+        let mut projection = RelationProjectionConfig::new(d, heads)
+            .with_layer(layer)
+            .init(&device)
+            .unwrap();
+        projection.angles = Some(Param::from_tensor(Tensor::<1>::from_data(
+            [0.3, -1.1],
+            &device,
+        )));
+        let (wi, angles) = (
+            projection.wi.as_ref().unwrap(),
+            projection.angles.as_ref().unwrap(),
+        );
+        for t in [5, 16] {
+            let x = uniform([2, t, d], 7, 1.0, &device, DType::F32);
+            let (_, _, info) = projection.forward(x.clone(), 0).unwrap();
+            let weight = projection.mix_rows(wi.weight.val(), angles).unwrap();
+            let by_weight = split_heads(dense_with(weight, None, x.clone()).unwrap(), heads);
+            let by_token = split_heads(dense(wi, x).unwrap(), heads);
+            let by_token = givens_mix(by_token, angles.val(), layer).unwrap();
+            let (by_weight, by_token) = (by_weight.into_data(), by_token.into_data());
+            assert_ne!(
+                by_weight, by_token,
+                "T {t}: the routes should round differently"
+            );
+            let expected = if 2 * t >= d { by_weight } else { by_token };
+            assert_eq!(info.into_data(), expected, "T {t}");
+        }
+    }
+}
