@@ -20,8 +20,6 @@ PATTERN=${PATTERN:-F}
 cargo build --release -q -p relation-train
 cargo build --release -q -p relation-examples --example matmul_bench
 TARGET=${CARGO_TARGET_DIR:-target}/release
-# PyTorch's allocator on transparent huge pages, as the `relation` binary's (see vs-torch.sh).
-export THP_MEM_ALLOC_ENABLE=${THP_MEM_ALLOC_ENABLE:-1}
 run=$(mktemp -d)
 trap 'rm -rf "$run"' EXIT
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; pattern $PATTERN; commit $(git rev-parse --short HEAD)"

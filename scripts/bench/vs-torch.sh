@@ -19,9 +19,6 @@ ROUNDS=${ROUNDS:-3}
 STEPS=${STEPS:-12}
 SHAPES=${SHAPES:-3.7m 10m}
 BIN=${CARGO_TARGET_DIR:-target}/release
-# Our `relation` binary puts its large buffers on transparent huge pages (`HugePages`); PyTorch's
-# CPU allocator does the same when asked, so it is asked (unless the caller set it).
-export THP_MEM_ALLOC_ENABLE=${THP_MEM_ALLOC_ENABLE:-1}
 # shellcheck source=lib.sh
 source scripts/bench/lib.sh   # train_rate
 rate_of() { grep -oE '[0-9,]+ \|$|tokens/s=[0-9]+' | tr -dc '0-9'; }
