@@ -3,11 +3,6 @@
 use clap::Parser;
 use relation_train::cli::{Cli, run};
 use relation_train::keep_freed_memory;
-use relation_train::memory::HugePages;
-
-/// Large buffers on huge pages: see `HugePages` for why.
-#[global_allocator]
-static ALLOC: HugePages = HugePages;
 
 fn main() {
     // Before any other thread exists: see `keep_freed_memory` for why and what it costs.
