@@ -105,3 +105,43 @@ pub fn elementwise(f: Elementwise, fused: bool, xs: &mut [f32]) {
         vectorized_as::<_, Unfused>(Apply(f, xs));
     }
 }
+
+/// The Flex backend's dense product `op(a) · op(b)` (`op` transposes when its flag is set)
+/// through the GEMM `gemm` names, whatever the process chose: faer's on the thread pool, or this
+/// crate's AVX-512 GEMM, for the tests that compare the two.
+///
+/// # Shapes
+/// - `a`: row-major `a_dims` (`[M, K]`, `[K, M]` when `ta`), `b`: row-major `b_dims` (`[K, N]`,
+///   `[N, K]` when `tb`); output row-major `[M, N]`
+///
+/// # Panics
+/// When the shapes disagree, or `gemm` is not available on this CPU.
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+pub fn dense_product(
+    (a, a_dims, ta): (&[f32], [usize; 2], bool),
+    (b, b_dims, tb): (&[f32], [usize; 2], bool),
+    gemm: crate::FlexGemm,
+) -> Vec<f32> {
+    use crate::tile::gemm512::View;
+    assert!(gemm.is_available(), "{} is not available here", gemm.name());
+    let view = |data, [r, c]: [usize; 2], t: bool| View {
+        data,
+        rows: if t { c } else { r },
+        cols: if t { r } else { c },
+        rs: if t { 1 } else { c },
+        cs: if t { c } else { 1 },
+    };
+    match gemm {
+        crate::FlexGemm::Avx512 => {
+            crate::tile::flex::product_avx512(view(a, a_dims, ta), view(b, b_dims, tb))
+        }
+        crate::FlexGemm::Faer => {
+            let a = faer::MatRef::from_row_major_slice(a, a_dims[0], a_dims[1]);
+            let b = faer::MatRef::from_row_major_slice(b, b_dims[0], b_dims[1]);
+            let a = if ta { a.transpose() } else { a };
+            let b = if tb { b.transpose() } else { b };
+            let par = faer::Par::rayon(rayon::current_num_threads());
+            crate::tile::flex::product(a, b, par)
+        }
+    }
+}

@@ -50,6 +50,8 @@ pub use self_relation::self_relation;
 pub use strategy::{KERNEL_DTYPES, Strategy, has_kernels, is_cube, is_flex};
 #[cfg(feature = "flex")]
 pub use tile::flex::{FlexSimd, flex_simd};
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+pub use tile::gemm512::{FlexGemm, flex_gemm};
 
 // Test support: public with the `testing` feature (the tests and benchmarks of this workspace),
 // crate-private otherwise (the kernels still count launches and honour poisoning; nothing outside

@@ -246,3 +246,76 @@ fn elementwise_matches_f64(fused: bool) {
         "SiLU(NaN) must be NaN: {nan:?}"
     );
 }
+
+/// The AVX-512 GEMM of the Flex dense products (`debug::dense_product`) against a plain f64
+/// triple loop and against faer, for every orientation of both factors and awkward shapes: row
+/// counts past the last full task of 96 rows and the last strip of 6, columns past the last
+/// panel of 64 and inside one vector, `K` of one step, of one block of 256 and past it (the later
+/// blocks add to what the first stored). Outputs are NaN-poisoned first, so an element it does
+/// not write fails. The bits are the same on 1 thread as on 3 (threads split rows only). Skipped,
+/// with a note, on CPUs without AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn avx512_gemm_matches_a_plain_product() {
+    use relation_kernels::{FlexGemm, debug};
+    if !FlexGemm::Avx512.is_available() {
+        eprintln!("avx512_gemm_matches_a_plain_product: no AVX-512F on this CPU, skipped");
+        return;
+    }
+    let on_threads = |threads: usize, f: &(dyn Fn() -> Vec<f32> + Sync)| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a rayon pool")
+            .install(f)
+    };
+    debug::poison_outputs(true);
+    let mut cases = 0;
+    for &(m, k, n) in &[
+        (1usize, 1usize, 1usize),
+        (7, 3, 5),
+        (6, 256, 64),
+        (97, 257, 65),
+        (200, 513, 17),
+        (515, 48, 130),
+        (1000, 60, 80),
+        (600, 80, 300),
+    ] {
+        for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
+            let seed = (m * 7 + k * 11 + n * 13) as u64 + u64::from(ta) * 2 + u64::from(tb);
+            let a: Vec<f32> = (0..m * k).map(|i| value(seed, i)).collect();
+            let b: Vec<f32> = (0..k * n).map(|i| value(seed + 1, i)).collect();
+            let a_dims = if ta { [k, m] } else { [m, k] };
+            let b_dims = if tb { [n, k] } else { [k, n] };
+            let at = |r: usize, q: usize| f64::from(if ta { a[q * m + r] } else { a[r * k + q] });
+            let bt = |q: usize, c: usize| f64::from(if tb { b[c * k + q] } else { b[q * n + c] });
+            let run = |gemm| debug::dense_product((&a, a_dims, ta), (&b, b_dims, tb), gemm);
+            let got = on_threads(2, &|| run(FlexGemm::Avx512));
+            let faer = on_threads(2, &|| run(FlexGemm::Faer));
+            let what = format!("m {m} k {k} n {n} ta {ta} tb {tb}");
+            assert_eq!(got.len(), m * n, "{what}: output length");
+            let bound = 1e-6 * (k as f64 + 2.0);
+            for r in 0..m {
+                for c in 0..n {
+                    let want: f64 = (0..k).map(|q| at(r, q) * bt(q, c)).sum();
+                    let (x, y) = (f64::from(got[r * n + c]), f64::from(faer[r * n + c]));
+                    assert!(
+                        (x - want).abs() <= bound,
+                        "{what} at ({r}, {c}): {x} vs {want} (bound {bound:e})"
+                    );
+                    assert!(
+                        (x - y).abs() <= 2.0 * bound,
+                        "{what} at ({r}, {c}): {x} vs faer's {y}"
+                    );
+                }
+            }
+            for threads in [1, 3] {
+                let again = on_threads(threads, &|| run(FlexGemm::Avx512));
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&again), bits(&got), "{what}: {threads} threads vs 2");
+            }
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 32);
+}

@@ -952,6 +952,32 @@ pub(crate) fn product(
     y
 }
 
+/// `a · b` into a new row-major `[M, N]` f32 buffer through this crate's AVX-512 GEMM
+/// ([`crate::tile::gemm512`]), written straight into the buffer's capacity as [`product`] does
+/// (NaN-filled first while outputs are poisoned).
+///
+/// # Shapes
+/// - `a`: `[M, K]`, `b`: `[K, N]` (strided views); output `[M, N]`
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+pub(crate) fn product_avx512(
+    a: crate::tile::gemm512::View<'_>,
+    b: crate::tile::gemm512::View<'_>,
+) -> Vec<f32> {
+    let len = a.rows * b.cols;
+    let mut y = Vec::with_capacity(len);
+    let spare = &mut y.spare_capacity_mut()[..len];
+    if crate::poison::poisoning() {
+        spare.iter_mut().for_each(|x| {
+            x.write(f32::NAN);
+        });
+    }
+    crate::tile::gemm512::product_into(a, b, spare);
+    // SAFETY: `product_into` writes each of the `len` elements it was given.
+    unsafe { y.set_len(len) };
+    y
+}
+
 /// The transpose of a row-major `[rows, cols]` array, row-major `[cols, rows]`.
 ///
 /// Split over the thread pool by bands of `BLOCK` output rows (`BLOCK` input columns), so

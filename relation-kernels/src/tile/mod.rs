@@ -6,6 +6,8 @@
 pub(crate) mod cube;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+pub(crate) mod gemm512;
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 use relation_core::Segments;

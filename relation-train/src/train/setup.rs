@@ -181,7 +181,11 @@ impl<'a> Run<'a> {
             relation_kernels::cpu_threads(),
             // The vector instruction set of the Flex kernels, where they run.
             if self.replicas.iter().any(relation_kernels::is_flex) {
-                format!(", Flex kernels in {}", relation_kernels::flex_simd().name())
+                format!(
+                    ", Flex kernels in {}{}",
+                    relation_kernels::flex_simd().name(),
+                    flex_gemm()
+                )
             } else {
                 String::new()
             },
@@ -302,5 +306,18 @@ fn switches(c: &RelationLmConfig) -> String {
         String::new()
     } else {
         format!(" ({})", switches.join(", "))
+    }
+}
+
+/// The GEMM of the Flex dense products, for the start-up line: `, products by faer` or
+/// `, products by avx512` (x86-64; nothing elsewhere, where faer is the only one).
+fn flex_gemm() -> String {
+    #[cfg(target_arch = "x86_64")]
+    {
+        format!(", products by {}", relation_kernels::flex_gemm().name())
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        String::new()
     }
 }
