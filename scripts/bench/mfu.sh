@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The training step's share of the machine's GEMM ceiling, measured in the same run: each round
-# times the matrix products at the model's shapes (faer's, through `examples/matmul_bench`, and
+# times the matrix products at the model's shapes (`dense`'s, through `examples/matmul_bench`:
+# faer's GEMM, or this workspace's AVX-512 one on Intel; and
 # PyTorch's when TORCH_PYTHON is set), then trains the 3.7M Relation model of the results page
 # (d 256, 4 layers, 8 heads, d_ff 512, T 256, 4,096 tokens per step) for STEPS steps. Rounds
 # alternate products and trainer, so the machine's drift hits both alike.
 #
 # The ceiling of a round is the fastest of the measured rates at the two shapes that carry most
-# of the step's FLOPs, `x @ W` with d -> d and d -> 2d (faer's `dense` or PyTorch's, whichever is
+# of the step's FLOPs, `x @ W` with d -> d and d -> 2d (`dense`'s or PyTorch's, whichever is
 # higher); the trainer's rate is the median model GFLOP/s (FLOPs per token from the model's
 # configuration, times tokens/s) of steps 5..STEPS.
 #
-#   scripts/bench/mfu.sh                                    # 3 rounds, faer's ceiling only
+#   scripts/bench/mfu.sh                                    # 3 rounds, `dense`'s ceiling only
 #   ROUNDS=5 TORCH_PYTHON=/path/to/venv/bin/python scripts/bench/mfu.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -24,7 +25,7 @@ run=$(mktemp -d)
 trap 'rm -rf "$run"' EXIT
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores; pattern $PATTERN; commit $(git rev-parse --short HEAD)"
 echo
-echo "| round | faer d → d | faer d → 2d | PyTorch d → d | PyTorch d → 2d | ceiling | trainer model GFLOP/s (steps 5..$STEPS: min, median, max) | median / ceiling |"
+echo "| round | \`dense\` d → d | \`dense\` d → 2d | PyTorch d → d | PyTorch d → 2d | ceiling | trainer model GFLOP/s (steps 5..$STEPS: min, median, max) | median / ceiling |"
 echo "|---|---|---|---|---|---|---|---|"
 for round in $(seq "$ROUNDS"); do
   : > "$run/torch"

@@ -33,10 +33,10 @@ use crate::{Result, Strategy};
 /// The dense product `x W` (or `x Wᵀ`, see [`WeightLayout`]), differentiable in both; the
 /// reference is [`relation_core::naive_dense`].
 ///
-/// [`Strategy::Auto`] runs it on Flex as one GEMM on all cores (faer's kernels) that writes its
-/// output once, and the backward as two more GEMMs reading the factors in place (no transposed
-/// copies); elsewhere it is the reference (Burn's matmul). [`Strategy::Fused`] is an error off
-/// Flex.
+/// [`Strategy::Auto`] runs it on Flex as one GEMM on all cores (faer's kernels, or on Intel CPUs
+/// with AVX-512 this crate's: `FlexGemm`) that writes its output once, and the backward as two
+/// more GEMMs reading the factors in place (no transposed copies); elsewhere it is the reference
+/// (Burn's matmul). [`Strategy::Fused`] is an error off Flex.
 ///
 /// # Shapes
 /// - `x`: `[N, K]`; `w`: `[K, M]` ([`WeightLayout::InOut`]) or `[M, K]` ([`WeightLayout::OutIn`])
