@@ -28,8 +28,9 @@
 //! Measured on a 2-core Intel Xeon (AVX-512, two FMA ports), against faer in the same run: the
 //! `[4096, 256] x [256, 256 | 512]` products at ~300–310 GFLOP/s where faer reaches 250–275 and
 //! PyTorch's (oneDNN/MKL) 335–355 (`examples/matmul_bench.rs`, `scripts/bench/torch_gemm.py`).
-//! On AMD's Zen 4, whose 512-bit operations run as two halves, faer already sits near the
-//! machine's peak, so [`FlexGemm::detect`] keeps faer there.
+//! On AMD's Zen 4, whose 512-bit operations run as two halves, faer's products were the fastest
+//! measured (above PyTorch's) and this kernel has not been measured, so [`FlexGemm::detect`]
+//! keeps faer there.
 
 #![allow(unsafe_code)]
 
@@ -79,7 +80,7 @@ impl FlexGemm {
 
     /// The default for this CPU: [`FlexGemm::Avx512`] on Intel CPUs with AVX-512 (two full-width
     /// FMA ports, where faer's products ran at ~65 % of the machine's peak and these at ~75 %),
-    /// faer everywhere else (on AMD's Zen 4 faer measured near the peak of its 256-bit units).
+    /// faer everywhere else (on AMD's Zen 4 faer's products were the fastest measured).
     pub fn detect() -> Self {
         let id = std::arch::x86_64::__cpuid(0);
         let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
