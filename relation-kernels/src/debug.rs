@@ -124,16 +124,9 @@ pub fn dense_product(
 ) -> Vec<f32> {
     use crate::tile::gemm512::View;
     assert!(gemm.is_available(), "{} is not available here", gemm.name());
-    let view = |data, [r, c]: [usize; 2], t: bool| View {
-        data,
-        rows: if t { c } else { r },
-        cols: if t { r } else { c },
-        rs: if t { 1 } else { c },
-        cs: if t { c } else { 1 },
-    };
     match gemm {
         crate::FlexGemm::Avx512 => {
-            crate::tile::flex::product_avx512(view(a, a_dims, ta), view(b, b_dims, tb))
+            crate::tile::flex::product_avx512(View::of(a, a_dims, ta), View::of(b, b_dims, tb))
         }
         crate::FlexGemm::Faer => {
             let a = faer::MatRef::from_row_major_slice(a, a_dims[0], a_dims[1]);

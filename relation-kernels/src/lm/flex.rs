@@ -105,17 +105,9 @@ pub(crate) fn dense(a: FlexTensor, b: FlexTensor, ta: bool, tb: bool) -> FlexTen
             #[cfg(target_arch = "x86_64")]
             if crate::tile::gemm512::suits(m, n, k, ta) {
                 use crate::tile::gemm512::View;
-                // A stored `[r, c]` read as itself (strides c, 1) or as its transpose (1, c).
-                let view = |data, [r, c]: [usize; 2], t: bool| View {
-                    data,
-                    rows: if t { c } else { r },
-                    cols: if t { r } else { c },
-                    rs: if t { 1 } else { c },
-                    cs: if t { c } else { 1 },
-                };
                 return crate::tile::flex::product_avx512(
-                    view(a, [ar, ac], ta),
-                    view(b, [br, bc], tb),
+                    View::of(a, [ar, ac], ta),
+                    View::of(b, [br, bc], tb),
                 );
             }
             let a = MatRef::from_row_major_slice(a, ar, ac);

@@ -151,7 +151,20 @@ pub(crate) struct View<'a> {
     pub cs: usize,
 }
 
-impl View<'_> {
+impl<'a> View<'a> {
+    /// A row-major `[r, c]` array read as itself (strides `c`, 1) or, when `transposed`, as its
+    /// transpose `[c, r]` (strides 1, `c`).
+    pub(crate) fn of(data: &'a [f32], [r, c]: [usize; 2], transposed: bool) -> Self {
+        let t = transposed;
+        View {
+            data,
+            rows: if t { c } else { r },
+            cols: if t { r } else { c },
+            rs: if t { 1 } else { c },
+            cs: if t { c } else { 1 },
+        }
+    }
+
     /// Panics unless every element lies inside `data`.
     fn check(&self, what: &str) {
         if self.rows > 0 && self.cols > 0 {
@@ -175,6 +188,14 @@ struct SendPtr(*mut f32);
 // SAFETY: the tasks that share it write disjoint row ranges of one buffer.
 unsafe impl Send for SendPtr {}
 unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer. A method rather than the field, so that a closure captures the whole
+    /// `SendPtr` (which is `Send`) and not just its raw pointer (which is not).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
 
 /// `B` `[K, N]` packed into `⌈N/64⌉` panels, each `[K, 64]` row-major and zero-padded past
 /// column `N`, in a buffer whose panels start on 64-byte boundaries.
@@ -242,12 +263,11 @@ pub(crate) fn product_into(a: View<'_>, b: View<'_>, dst: &mut [std::mem::MaybeU
     let packed = Packed::new(b);
     let c = SendPtr(dst.as_mut_ptr().cast::<f32>());
     (0..m.div_ceil(MC)).into_par_iter().for_each(|block| {
-        let c = c;
         let (r0, r1) = (block * MC, (block * MC + MC).min(m));
         // SAFETY: AVX-512F is present (asserted above); the block writes rows r0..r1 of `dst`
         // only, which no other task touches; every read of `a` lies inside its slice (checked
         // above, and r1 <= m, the columns < k) and of `packed` inside its panels.
-        unsafe { row_block(a, &packed, n, r0, r1, c.0) };
+        unsafe { row_block(a, &packed, n, r0, r1, c.get()) };
     });
 }
 
@@ -347,14 +367,14 @@ unsafe fn tile<const R: usize>(t: Tile) {
         b = unsafe { b.add(NR) };
     }
     for (r, acc) in acc.iter().enumerate() {
-        for v in 0..NV {
+        for (v, (&sum, &mask)) in acc.iter().zip(&t.masks).enumerate() {
             let at = unsafe { t.c.add(r * t.ldc + 16 * v) };
             let y = if t.first {
-                acc[v]
+                sum
             } else {
-                _mm512_add_ps(unsafe { _mm512_maskz_loadu_ps(t.masks[v], at) }, acc[v])
+                _mm512_add_ps(unsafe { _mm512_maskz_loadu_ps(mask, at) }, sum)
             };
-            unsafe { _mm512_mask_storeu_ps(at, t.masks[v], y) };
+            unsafe { _mm512_mask_storeu_ps(at, mask, y) };
         }
     }
 }
