@@ -147,9 +147,10 @@ fn dense_fused_matches_the_reference() {
         check_dense(1, 1, 1, layout, DType::F32);
         check_dense(1, 48, 80, layout, DType::F32); // one token (decoding)
         check_dense(63, 60, 48, layout, DType::F32);
-        check_dense(1000, 80, 257, layout, DType::F32);
+        check_dense(1000, 80, 257, layout, DType::F32); // the AVX-512 GEMM on Intel (N >= 512)
         check_dense(257, 256, 1000, layout, DType::F32); // the output head's shape, smaller
         check_dense(63, 64, 48, layout, DType::F16);
+        check_dense(600, 64, 80, layout, DType::F16); // N >= 512: the AVX-512 GEMM on Intel
         check_dense(130, 48, 60, layout, DType::BF16);
     }
 }

@@ -402,10 +402,19 @@ impl FlexSimd {
 
 #[cfg(target_arch = "x86_64")]
 fn prefers_512_bit_vectors() -> bool {
-    // CPUID leaf 0: the vendor string in EBX, EDX, ECX; leaf 1: the family in EAX.
+    // CPUID leaf 1: the family in EAX.
+    FlexSimd::prefers_512_bits(&cpu_vendor(), std::arch::x86_64::__cpuid(1).eax)
+}
+
+/// The CPU's vendor string from CPUID leaf 0 (EBX, EDX, ECX): `GenuineIntel`, `AuthenticAMD`, ...
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn cpu_vendor() -> [u8; 12] {
     let id = std::arch::x86_64::__cpuid(0);
-    let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
-    FlexSimd::prefers_512_bits(&vendor, std::arch::x86_64::__cpuid(1).eax)
+    let mut vendor = [0u8; 12];
+    for (i, word) in [id.ebx, id.edx, id.ecx].into_iter().enumerate() {
+        vendor[4 * i..4 * i + 4].copy_from_slice(&word.to_le_bytes());
+    }
+    vendor
 }
 
 /// The choice of [`flex_simd`], made on its first call.

@@ -25,9 +25,10 @@
 //! of `K`, the blocks added in order: the same bits for any thread count, since threads only
 //! split rows. The bits differ from faer's (which orders its sums differently).
 //!
-//! Measured on a 2-core Intel Xeon (AVX-512, two FMA ports), against faer in the same run: the
-//! `[4096, 256] x [256, 256 | 512]` products at ~300–310 GFLOP/s where faer reaches 250–275 and
-//! PyTorch's (oneDNN/MKL) 335–355 (`examples/matmul_bench.rs`, `scripts/bench/torch_gemm.py`).
+//! Measured on a 2-core Intel Xeon (AVX-512, two FMA ports), `examples/matmul_bench.rs` with
+//! `RELATION_GEMM=faer` and `avx512` in turn: the `[4096, 256] x [256, 256 | 512]` products at
+//! 269–297 GFLOP/s where faer ran at 236–274, the tied head `[4096, 256] x [256, 4096]` at
+//! 275–284 against 224–235; PyTorch's GEMM (`scripts/bench/torch_gemm.py`) 320–355.
 //! On AMD's Zen 4, whose 512-bit operations run as two halves, faer's products were the fastest
 //! measured (above PyTorch's) and this kernel has not been measured, so [`FlexGemm::detect`]
 //! keeps faer there.
@@ -82,9 +83,7 @@ impl FlexGemm {
     /// FMA ports, where faer's products ran at ~65 % of the machine's peak and these at ~75 %),
     /// faer everywhere else (on AMD's Zen 4 faer's products were the fastest measured).
     pub fn detect() -> Self {
-        let id = std::arch::x86_64::__cpuid(0);
-        let vendor = [id.ebx, id.edx, id.ecx].map(u32::to_le_bytes).concat();
-        if vendor == b"GenuineIntel" && Self::Avx512.is_available() {
+        if crate::tile::flex::cpu_vendor() == *b"GenuineIntel" && Self::Avx512.is_available() {
             Self::Avx512
         } else {
             Self::Faer
@@ -207,23 +206,35 @@ struct Packed {
 }
 
 impl Packed {
+    /// Packs `b` on the thread pool, one panel per task, writing each value of the buffer once
+    /// (no zero fill first: the padding is written with the panels).
     fn new(b: View<'_>) -> Self {
         let (k, n) = (b.rows, b.cols);
-        let panels = n.div_ceil(NR);
-        let mut buf = vec![0.0f32; panels * k * NR + 16];
+        let len = n.div_ceil(NR) * k * NR;
+        let mut buf: Vec<f32> = Vec::with_capacity(len + 15);
         let offset = (16 - (buf.as_ptr() as usize / 4) % 16) % 16;
-        buf[offset..offset + panels * k * NR]
+        let (head, panels) = buf.spare_capacity_mut()[..offset + len].split_at_mut(offset);
+        head.iter_mut().for_each(|x| {
+            x.write(0.0);
+        });
+        panels
             .par_chunks_mut(k * NR) // panel p: [K, 64]
             .enumerate()
             .for_each(|(p, panel)| {
                 let (c0, width) = (p * NR, NR.min(n - p * NR));
                 for (q, row) in panel.chunks_exact_mut(NR).enumerate() {
                     let at = q * b.rs + c0 * b.cs;
-                    for (j, x) in row[..width].iter_mut().enumerate() {
-                        *x = b.data[at + j * b.cs];
+                    let (inside, padding) = row.split_at_mut(width);
+                    for (j, x) in inside.iter_mut().enumerate() {
+                        x.write(b.data[at + j * b.cs]);
                     }
+                    padding.iter_mut().for_each(|x| {
+                        x.write(0.0);
+                    });
                 }
             });
+        // SAFETY: the loops above wrote the `offset` leading values and every panel's `K x 64`.
+        unsafe { buf.set_len(offset + len) };
         Packed { buf, offset, k }
     }
 
