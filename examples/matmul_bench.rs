@@ -40,15 +40,32 @@ fn main() {
     // (what, M, K, N, transpose lhs): forward x @ W, input gradient g @ W^T, weight gradient
     // x^T @ g (a long K), the LM head, and the square reference.
     // The last field: how `dense` reads the weight (the tied head is stored `[V, d]`).
-    let shapes: [(&str, usize, usize, usize, bool, WeightLayout); 6] = [
+    let shapes: [(&str, usize, usize, usize, bool, WeightLayout); 9] = [
         ("square 1024", 1024, 1024, 1024, false, WeightLayout::InOut),
         ("x @ W (d -> d)", n, d, d, false, WeightLayout::InOut),
         ("x @ W (d -> 2 d)", n, d, 2 * d, false, WeightLayout::InOut),
+        ("x^T @ g (d -> d grad)", d, n, d, true, WeightLayout::InOut),
         (
-            "x^T @ g (weight grad)",
+            "x^T @ g (d -> 2 d grad)",
             d,
             n,
             2 * d,
+            true,
+            WeightLayout::InOut,
+        ),
+        (
+            "x^T @ g (d -> 3 d grad)",
+            d,
+            n,
+            3 * d,
+            true,
+            WeightLayout::InOut,
+        ),
+        (
+            "x^T @ g (2 d -> d grad)",
+            2 * d,
+            n,
+            d,
             true,
             WeightLayout::InOut,
         ),
@@ -71,9 +88,9 @@ fn main() {
         let flops = 2.0 * (m * k * cols) as f64;
         // `dense` takes `x` as stored; a transposed `x` is how the backward reads it (the
         // kernel takes the transpose flag there), which this Tensor-level call cannot say
-        // without a copy: those rows are measured by the trainer's backward instead.
+        // without a copy: on Flex those rows time `dense`'s own path on the stored `x`.
         let fused = if transposed {
-            "— | —".to_string()
+            transposed_dense(&device, [m, k, cols], iters)
         } else {
             // The weight as `layout` stores it (its own values: only the time matters).
             let dims = match layout {
@@ -96,4 +113,31 @@ fn main() {
             flops / time.as_secs_f64() / 1e9
         );
     }
+}
+
+/// `xᵀ g` for `x` `[K, M]` and `g` `[K, N]` as `dense` computes a weight gradient on Flex (the
+/// transposed factor read as stored, through the GEMM the process chose for the shape), as the
+/// `dense` cells of a table row; dashes on other backends.
+fn transposed_dense(device: &burn::tensor::Device, [m, k, n]: [usize; 3], iters: usize) -> String {
+    #[cfg(all(feature = "flex", target_arch = "x86_64"))]
+    if relation_kernels::is_flex(device) {
+        use relation_kernels::debug::dense_product;
+        let x: Vec<f32> = (0..k * m)
+            .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let g: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 104_729) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        let t = time_on(device, iters, &mut || {
+            std::hint::black_box(dense_product((&x, [k, m], true), (&g, [k, n], false), None));
+        });
+        let flops = 2.0 * (m * k * n) as f64;
+        return format!(
+            "{:.2} | {:.1}",
+            t.as_secs_f64() * 1e3,
+            flops / t.as_secs_f64() / 1e9
+        );
+    }
+    let _ = (device, m, k, n, iters);
+    "— | —".to_string()
 }

@@ -107,8 +107,9 @@ pub fn elementwise(f: Elementwise, fused: bool, xs: &mut [f32]) {
 }
 
 /// The Flex backend's dense product `op(a) · op(b)` (`op` transposes when its flag is set)
-/// through the GEMM `gemm` names, whatever the process chose: faer's on the thread pool, or this
-/// crate's AVX-512 GEMM, for the tests that compare the two.
+/// exactly as [`crate::dense`] runs it, through the GEMM `gemm` names (faer's on the thread pool,
+/// or this crate's AVX-512 GEMM) or, when `None`, the one the process chose for this shape, for
+/// the tests and benchmarks that compare them.
 ///
 /// # Shapes
 /// - `a`: row-major `a_dims` (`[M, K]`, `[K, M]` when `ta`), `b`: row-major `b_dims` (`[K, N]`,
@@ -118,23 +119,22 @@ pub fn elementwise(f: Elementwise, fused: bool, xs: &mut [f32]) {
 /// When the shapes disagree, or `gemm` is not available on this CPU.
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
 pub fn dense_product(
-    (a, a_dims, ta): (&[f32], [usize; 2], bool),
-    (b, b_dims, tb): (&[f32], [usize; 2], bool),
-    gemm: crate::FlexGemm,
+    a: (&[f32], [usize; 2], bool),
+    b: (&[f32], [usize; 2], bool),
+    gemm: Option<crate::FlexGemm>,
 ) -> Vec<f32> {
-    use crate::tile::gemm512::View;
-    assert!(gemm.is_available(), "{} is not available here", gemm.name());
-    match gemm {
-        crate::FlexGemm::Avx512 => {
-            crate::tile::flex::product_avx512(View::of(a, a_dims, ta), View::of(b, b_dims, tb))
+    let (m, k) = if a.2 {
+        (a.1[1], a.1[0])
+    } else {
+        (a.1[0], a.1[1])
+    };
+    let n = if b.2 { b.1[0] } else { b.1[1] };
+    let avx512 = match gemm {
+        Some(gemm) => {
+            assert!(gemm.is_available(), "{} is not available here", gemm.name());
+            gemm == crate::FlexGemm::Avx512
         }
-        crate::FlexGemm::Faer => {
-            let a = faer::MatRef::from_row_major_slice(a, a_dims[0], a_dims[1]);
-            let b = faer::MatRef::from_row_major_slice(b, b_dims[0], b_dims[1]);
-            let a = if ta { a.transpose() } else { a };
-            let b = if tb { b.transpose() } else { b };
-            let par = faer::Par::rayon(rayon::current_num_threads());
-            crate::tile::flex::product(a, b, par)
-        }
-    }
+        None => crate::lm::flex::dense_on_avx512(m, n, k, a.2),
+    };
+    crate::lm::flex::dense_f32(a, b, avx512)
 }

@@ -248,12 +248,14 @@ fn elementwise_matches_f64(fused: bool) {
 }
 
 /// The AVX-512 GEMM of the Flex dense products (`debug::dense_product`) against a plain f64
-/// triple loop and against faer, for every orientation of both factors and awkward shapes: row
-/// counts past the last full task of 96 rows and the last strip of 6, columns past the last
-/// panel of 64 and inside one vector, `K` of one step, of one block of 256 and past it (the later
-/// blocks add to what the first stored). Outputs are NaN-poisoned first, so an element it does
-/// not write fails. The bits are the same on 1 thread as on 3 (threads split rows only). Skipped,
-/// with a note, on CPUs without AVX-512F.
+/// triple loop and against faer, for every orientation of both factors (a transposed left
+/// factor is packed; up to 1,024 rows the tasks split columns, past it rows: `M` = 1,100 takes
+/// the second way) and awkward shapes: row counts past the last full task and the last strip
+/// of 6, columns past the last panel of 64 and inside one vector, `K` of one step, of one block
+/// of 256 and past it (the later blocks add to what the first stored), `K` not a multiple of the
+/// micro-kernel's 4 unrolled steps. Outputs are NaN-poisoned first, so an element it does not
+/// write fails. The bits are the same on 1 thread as on 3 (tasks split rows or columns, never
+/// a sum). Skipped, with a note, on CPUs without AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx512_gemm_matches_a_plain_product() {
@@ -280,6 +282,7 @@ fn avx512_gemm_matches_a_plain_product() {
         (515, 48, 130),
         (1000, 60, 80),
         (600, 80, 300),
+        (1100, 259, 90),
     ] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             let seed = (m * 7 + k * 11 + n * 13) as u64 + u64::from(ta) * 2 + u64::from(tb);
@@ -289,7 +292,7 @@ fn avx512_gemm_matches_a_plain_product() {
             let b_dims = if tb { [n, k] } else { [k, n] };
             let at = |r: usize, q: usize| f64::from(if ta { a[q * m + r] } else { a[r * k + q] });
             let bt = |q: usize, c: usize| f64::from(if tb { b[c * k + q] } else { b[q * n + c] });
-            let run = |gemm| debug::dense_product((&a, a_dims, ta), (&b, b_dims, tb), gemm);
+            let run = |gemm| debug::dense_product((&a, a_dims, ta), (&b, b_dims, tb), Some(gemm));
             let got = on_threads(2, &|| run(FlexGemm::Avx512));
             let faer = on_threads(2, &|| run(FlexGemm::Faer));
             let what = format!("m {m} k {k} n {n} ta {ta} tb {tb}");
@@ -317,5 +320,5 @@ fn avx512_gemm_matches_a_plain_product() {
             cases += 1;
         }
     }
-    assert_eq!(cases, 32);
+    assert_eq!(cases, 36);
 }

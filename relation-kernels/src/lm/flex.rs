@@ -61,7 +61,8 @@ fn read_ids(x: &FlexTensor) -> Vec<usize> {
 }
 
 /// `op_a(a) · op_b(b)` (`op` transposes when its flag is set) in `a`'s dtype, through faer's
-/// matrix product on the thread pool.
+/// matrix product on the thread pool, or on Intel CPUs with AVX-512 through this crate's GEMM
+/// ([`crate::tile::gemm512`]) for the shapes it serves ([`dense_on_avx512`]).
 ///
 /// Why not Flex's own matmul: at the model's shapes (`K` = 256..512 rows of `N` = 4096 tokens)
 /// it ran at 49–113 GFLOP/s on two cores where the same GEMM kernels reach 150–200 (see
@@ -87,42 +88,74 @@ fn read_ids(x: &FlexTensor) -> Vec<usize> {
 /// # Shapes
 /// - `a`: `[M, K]` (`[K, M]` when `ta`), `b`: `[K, N]` (`[N, K]` when `tb`); output `[M, N]`
 pub(crate) fn dense(a: FlexTensor, b: FlexTensor, ta: bool, tb: bool) -> FlexTensor {
-    use faer::{MatRef, Par};
     launches::record(&launches::DENSE);
     let dtype = a.dtype();
     let [ar, ac] = dims2(&a);
     let [br, bc] = dims2(&b);
     let (m, k) = if ta { (ac, ar) } else { (ar, ac) };
     let n = if tb { br } else { bc };
+    let avx512 = dense_on_avx512(m, n, k, ta);
+    let y = with_f32(&a, |a| {
+        with_f32(&b, |b| {
+            dense_f32((a, [ar, ac], ta), (b, [br, bc], tb), avx512)
+        })
+    });
+    tensor(y, Shape::new([m, n]), dtype)
+}
+
+/// Whether [`dense`] runs an `op(A) · B` of this shape on this crate's AVX-512 GEMM
+/// ([`crate::tile::gemm512::suits`]) rather than faer's.
+pub(crate) fn dense_on_avx512(m: usize, n: usize, k: usize, ta: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::tile::gemm512::suits(m, n, k, ta);
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (m, n, k, ta);
+        false
+    }
+}
+
+/// [`dense`] on row-major f32 slices: through this crate's AVX-512 GEMM when `avx512`
+/// ([`dense_on_avx512`]'s choice, or the other one for the tests and benchmarks that compare
+/// them), faer's otherwise.
+///
+/// # Shapes
+/// - `a`: `a_dims` (`[M, K]`, `[K, M]` when `ta`), `b`: `b_dims` (`[K, N]`, `[N, K]` when `tb`);
+///   output row-major `[M, N]`
+pub(crate) fn dense_f32(
+    (a, [ar, ac], ta): (&[f32], [usize; 2], bool),
+    (b, [br, bc], tb): (&[f32], [usize; 2], bool),
+    avx512: bool,
+) -> Vec<f32> {
+    use faer::{MatRef, Par};
+    let (m, k) = if ta { (ac, ar) } else { (ar, ac) };
+    let n = if tb { br } else { bc };
+    #[cfg(target_arch = "x86_64")]
+    if avx512 {
+        use crate::tile::gemm512::View;
+        return crate::tile::flex::product_avx512(
+            View::of(a, [ar, ac], ta),
+            View::of(b, [br, bc], tb),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    assert!(!avx512, "the AVX-512 GEMM exists on x86-64 only");
     // Below ~64³ multiply-adds the fork costs more than the work.
     let par = if m * n * k < 1 << 18 {
         Par::Seq
     } else {
         Par::rayon(rayon::current_num_threads())
     };
-    let y = with_f32(&a, |a| {
-        with_f32(&b, |b| {
-            #[cfg(target_arch = "x86_64")]
-            if crate::tile::gemm512::suits(m, n, k, ta) {
-                use crate::tile::gemm512::View;
-                return crate::tile::flex::product_avx512(
-                    View::of(a, [ar, ac], ta),
-                    View::of(b, [br, bc], tb),
-                );
-            }
-            let a = MatRef::from_row_major_slice(a, ar, ac);
-            let b = MatRef::from_row_major_slice(b, br, bc);
-            let a = if ta { a.transpose() } else { a };
-            let b = if tb { b.transpose() } else { b };
-            if ta && m > n {
-                let yt = product(b.transpose(), a.transpose(), par); // Cᵀ = Bᵀ A, [N, M]
-                transpose(&yt, n, m) // [N, M] -> [M, N]
-            } else {
-                product(a, b, par)
-            }
-        })
-    });
-    tensor(y, Shape::new([m, n]), dtype)
+    let a = MatRef::from_row_major_slice(a, ar, ac);
+    let b = MatRef::from_row_major_slice(b, br, bc);
+    let a = if ta { a.transpose() } else { a };
+    let b = if tb { b.transpose() } else { b };
+    if ta && m > n {
+        let yt = product(b.transpose(), a.transpose(), par); // Cᵀ = Bᵀ A, [N, M]
+        transpose(&yt, n, m) // [N, M] -> [M, N]
+    } else {
+        product(a, b, par)
+    }
 }
 
 /// Tokens per parallel task of RoPE (`[H, D]` each): ~64 KiB of f32 at `H·D` = 256.
