@@ -803,6 +803,15 @@ fn strip<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const LT: bool>(
     let (n, k0, k) = p.part.window(r0, M, p.n, p.k, lanes);
     let p = Product { n, k0, k, ..p };
     let mut c0 = 0;
+    if lanes == 16 {
+        // 512-bit vectors: 32 registers hold `M x 4` accumulators (24), the four `rhs` vectors
+        // and the broadcast, so a block covers 64 columns: each broadcast of `lhs` feeds four
+        // multiply-adds instead of two. (16 registers, as with AVX2, would spill.)
+        while c0 + 4 * lanes <= p.n {
+            block::<S, R, M, 4, LT>(simd, p, dst, r0, c0);
+            c0 += 4 * lanes;
+        }
+    }
     while c0 + 2 * lanes <= p.n {
         block::<S, R, M, 2, LT>(simd, p, dst, r0, c0);
         c0 += 2 * lanes;
@@ -873,44 +882,54 @@ fn block<S: pulp::Simd, R: DstRows + ?Sized, const M: usize, const V: usize, con
     r0: usize,
     c0: usize,
 ) {
-    let w = V * S::F32_LANES;
+    let lanes = S::F32_LANES;
     let zero = simd.splat_f32s(0.0);
     let mut acc = [[zero; V]; M];
     let (lhs, rhs) = (p.lhs, p.rhs);
-    if LT {
-        // lhs(r, q) = data[q * cs + r]: the M values of step q are contiguous.
-        for q in p.k0..p.k {
-            let at = q * rhs.rs + c0;
-            let brow: &[S::f32s] = pulp::bytemuck::cast_slice(&rhs.data[at..at + w]);
-            let b: [S::f32s; V] = std::array::from_fn(|v| brow[v]);
-            let at = q * lhs.cs + r0;
-            let a: &[f32; M] = lhs.data[at..at + M].try_into().unwrap();
-            for r in 0..M {
-                let a = simd.splat_f32s(a[r]);
-                for v in 0..V {
-                    acc[r][v] = simd.mul_add_e_f32s(a, b[v], acc[r][v]);
-                }
+    // The loops below read `rhs(q, c0 .. c0 + V·lanes)` and `lhs(r0 .. r0 + M, q)` for
+    // `q < k` without a bounds check per step (two compares and branches per step beside the
+    // `M·V` multiply-adds, measured in a profile of the training step): [`gemm`] checked both
+    // operands' whole extents (`Mat::check`), and these indices lie inside them (a
+    // [`Triangle`]'s window only narrows `n` and `k`). The assert restates what [`strip`]
+    // guarantees, once per block.
+    assert!(c0 + V * lanes <= p.n && r0 + M <= p.m);
+    let (a_ptr, b_ptr) = (lhs.data.as_ptr(), rhs.data.as_ptr());
+    // One row of `rhs`'s V vectors at column c0.
+    let load_b = |q: usize| -> [S::f32s; V] {
+        std::array::from_fn(|v| {
+            let at = q * rhs.rs + c0 + v * lanes;
+            // SAFETY: q < k and c0 + (v + 1)·lanes <= n, inside the k x n extent of `rhs`
+            // that `gemm` checked (columns contiguous); an unaligned read of plain f32 lanes.
+            #[allow(unsafe_code)]
+            unsafe {
+                b_ptr.add(at).cast::<S::f32s>().read_unaligned()
             }
+        })
+    };
+    // lhs(r0 + r, q), wherever its layout puts it.
+    let load_a = |r: usize, q: usize| -> f32 {
+        let at = if LT {
+            q * lhs.cs + r0 + r
+        } else {
+            (r0 + r) * lhs.rs + q
+        };
+        // SAFETY: r0 + r < m and q < k, inside the m x k extent of `lhs` that `gemm` checked.
+        #[allow(unsafe_code)]
+        unsafe {
+            *a_ptr.add(at)
         }
-    } else {
-        // lhs(r, q) = data[r * rs + q]: one slice of k per row.
-        let a: [&[f32]; M] = std::array::from_fn(|r| {
-            let at = (r0 + r) * lhs.rs;
-            &lhs.data[at..at + p.k]
-        });
-        for q in p.k0..p.k {
-            let at = q * rhs.rs + c0;
-            let brow: &[S::f32s] = pulp::bytemuck::cast_slice(&rhs.data[at..at + w]);
-            let b: [S::f32s; V] = std::array::from_fn(|v| brow[v]);
-            for r in 0..M {
-                let a = simd.splat_f32s(a[r][q]);
-                for v in 0..V {
-                    acc[r][v] = simd.mul_add_e_f32s(a, b[v], acc[r][v]);
-                }
+    };
+    for q in p.k0..p.k {
+        let b = load_b(q);
+        for r in 0..M {
+            let a = simd.splat_f32s(load_a(r, q));
+            for v in 0..V {
+                acc[r][v] = simd.mul_add_e_f32s(a, b[v], acc[r][v]);
             }
         }
     }
     let alpha = simd.splat_f32s(p.alpha);
+    let w = V * lanes;
     for r in 0..M {
         let row: &mut [S::f32s] = pulp::bytemuck::cast_slice_mut(&mut dst.row(r0 + r)[c0..c0 + w]);
         for v in 0..V {
