@@ -37,10 +37,12 @@ fn main() {
     let device = args.bench.device();
     let iters = args.bench.iters_or(10);
     let (n, d) = (args.tokens, args.d_model);
-    // (what, M, K, N, transpose lhs): forward x @ W, input gradient g @ W^T, weight gradient
-    // x^T @ g (a long K), the LM head, and the square reference.
+    // (what, M, K, N, transpose lhs): forward x @ W, the weight gradients x^T @ g (a long K;
+    // 3 d is the fused Relation projections, 2 d -> d the SwiGLU's down projection), the tied
+    // LM head with its input gradient g @ E (a long K) and weight gradient, and a square
+    // reference.
     // The last field: how `dense` reads the weight (the tied head is stored `[V, d]`).
-    let shapes: [(&str, usize, usize, usize, bool, WeightLayout); 9] = [
+    let shapes: [(&str, usize, usize, usize, bool, WeightLayout); 10] = [
         ("square 1024", 1024, 1024, 1024, false, WeightLayout::InOut),
         ("x @ W (d -> d)", n, d, d, false, WeightLayout::InOut),
         ("x @ W (d -> 2 d)", n, d, 2 * d, false, WeightLayout::InOut),
@@ -70,6 +72,14 @@ fn main() {
             WeightLayout::InOut,
         ),
         ("x @ E^T (LM head)", n, d, 4096, false, WeightLayout::OutIn),
+        (
+            "g @ E (head input grad)",
+            n,
+            4096,
+            d,
+            false,
+            WeightLayout::InOut,
+        ),
         ("g^T @ x (head grad)", 4096, n, d, true, WeightLayout::InOut),
     ];
     println!("Matmul on {device:?}, f32, mean of {iters} iterations\n");
