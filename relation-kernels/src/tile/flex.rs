@@ -640,8 +640,8 @@ const MR: usize = 6;
 
 /// Which part of a square diagonal tile a tile product (`gemm`) needs, so causal tiles skip the
 /// half that the mask throws away. On FlashRelation's diagonal tiles (query rows `i0 + r`, key
-/// rows `i0 + c`) only `c <= r` matters; the kernel works in strips of `MR` rows, so it keeps whole strips'
-/// worth (a staircase a little above the diagonal), never less.
+/// rows `i0 + c`) only `c <= r` matters; the kernel works in strips of `MR` rows, so it keeps
+/// whole strips' worth (a staircase a little above the diagonal), never less.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Triangle {
     /// The whole product.
