@@ -225,12 +225,8 @@ impl Packed {
     /// buffer once (no zero fill first: the padding is written with the panels).
     fn new(b: View<'_>) -> Self {
         let mut packed = Packed {
-            buf: Vec::new(),
-            offset: 0,
             k: b.rows,
-            p0: 0,
-            q0: 0,
-            end: 0,
+            ..Packed::empty()
         };
         let panels = packed.reserve(b.cols.div_ceil(NR));
         panels
