@@ -13,13 +13,15 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 use relation_core::RopePositions;
 
 use crate::launches;
 use crate::tile::flex::{
-    MulAdd, Vectorized, dims4, exp, max_of, output, product, sigmoid, silu, tensor, transpose,
-    vectorized, with_f32,
+    MulAdd, Vectorized, dims4, exp, max_of, output, output_with, product, sigmoid, silu, tensor,
+    transpose, vectorized, with_f32,
 };
 
 /// Elements per parallel task of the element-wise SwiGLU (64 KiB of f32 per input).
@@ -190,29 +192,34 @@ pub(crate) fn rope(
     let cos: Vec<f32> = cos.iter().map(|&c| c as f32).collect();
     let sin: Vec<f32> = sin.iter().map(|&s| s as f32).collect();
     let token = h * d;
-    let mut y = output(b * t * token);
-    if y.is_empty() {
-        return tensor(y, shape, dtype);
+    let len = b * t * token;
+    if len == 0 {
+        return tensor(Vec::new(), shape, dtype);
     }
-    with_f32(&x, |x| {
-        y.par_chunks_mut(ROPE_TOKENS_PER_TASK * token)
-            .zip(x.par_chunks(ROPE_TOKENS_PER_TASK * token))
-            .enumerate()
-            .for_each(|(task, (y, x))| {
-                vectorized(RopeTokens {
-                    y,
-                    x,
-                    first: task * ROPE_TOKENS_PER_TASK,
-                    t,
-                    at: &at,
-                    h,
-                    d,
-                    cos: &cos,
-                    sin: &sin,
-                    inverse,
-                })
-            });
-    });
+    let write = |y: &mut [MaybeUninit<f32>]| {
+        with_f32(&x, |x| {
+            y.par_chunks_mut(ROPE_TOKENS_PER_TASK * token)
+                .zip(x.par_chunks(ROPE_TOKENS_PER_TASK * token))
+                .enumerate()
+                .for_each(|(task, (y, x))| {
+                    vectorized(RopeTokens {
+                        y,
+                        x,
+                        first: task * ROPE_TOKENS_PER_TASK,
+                        t,
+                        at: &at,
+                        h,
+                        d,
+                        cos: &cos,
+                        sin: &sin,
+                        inverse,
+                    })
+                });
+        })
+    };
+    // SAFETY: the tasks cover `y` whole (`x` is as long), and each writes all of its tokens.
+    #[allow(unsafe_code)]
+    let y = unsafe { output_with(len, write) };
     tensor(y, shape, dtype)
 }
 
@@ -220,7 +227,7 @@ pub(crate) fn rope(
 /// `[H, D]`; `cos`, `sin` are `[P, D/2]` over the distinct positions, row `r` of a sequence
 /// (of `t`) at `at[r]`.
 struct RopeTokens<'a> {
-    y: &'a mut [f32],
+    y: &'a mut [MaybeUninit<f32>],
     x: &'a [f32],
     first: usize,
     t: usize,
@@ -265,13 +272,13 @@ impl Vectorized for RopeTokens<'_> {
             if inverse {
                 // Rotation by -φ.
                 for (((y_lo, y_hi), (&lo, &hi)), (&c, &s)) in pairs {
-                    *y_lo = lo * c + hi * s;
-                    *y_hi = hi * c - lo * s;
+                    y_lo.write(lo * c + hi * s);
+                    y_hi.write(hi * c - lo * s);
                 }
             } else {
                 for (((y_lo, y_hi), (&lo, &hi)), (&c, &s)) in pairs {
-                    *y_lo = lo * c - hi * s;
-                    *y_hi = hi * c + lo * s;
+                    y_lo.write(lo * c - hi * s);
+                    y_hi.write(hi * c + lo * s);
                 }
             }
         }
@@ -290,24 +297,35 @@ pub(crate) fn rms_norm_fwd(x: FlexTensor, gamma: FlexTensor, eps: f64) -> (FlexT
     let dtype = x.dtype();
     let d = shape[shape.num_dims() - 1];
     let rows = shape.num_elements() / d;
-    let mut y = output(rows * d);
-    let mut r = output(rows);
-    with_f32(&x, |x| {
-        with_f32(&gamma, |gamma| {
-            y.par_chunks_mut(RMS_ROWS_PER_TASK * d)
-                .zip(r.par_chunks_mut(RMS_ROWS_PER_TASK))
-                .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
-                .for_each(|((y, r), x)| {
-                    vectorized(RmsNormFwd {
-                        y,
-                        r,
-                        x,
-                        gamma,
-                        eps: eps as f32,
-                    })
-                });
-        })
-    });
+    let mut r = Vec::new();
+    let write = |y: &mut [MaybeUninit<f32>]| {
+        let write_r = |r: &mut [MaybeUninit<f32>]| {
+            with_f32(&x, |x| {
+                with_f32(&gamma, |gamma| {
+                    y.par_chunks_mut(RMS_ROWS_PER_TASK * d)
+                        .zip(r.par_chunks_mut(RMS_ROWS_PER_TASK))
+                        .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
+                        .for_each(|((y, r), x)| {
+                            vectorized(RmsNormFwd {
+                                y,
+                                r,
+                                x,
+                                gamma,
+                                eps: eps as f32,
+                            })
+                        });
+                })
+            })
+        };
+        // SAFETY: the tasks cover `r` whole, one value per row, each written.
+        #[allow(unsafe_code)]
+        {
+            r = unsafe { output_with(rows, write_r) };
+        }
+    };
+    // SAFETY: the tasks cover `y` whole (`x` is as long), and each writes all of its rows.
+    #[allow(unsafe_code)]
+    let y = unsafe { output_with(rows * d, write) };
     (
         tensor(y, shape, dtype),
         tensor(r, Shape::new([rows]), DType::F32),
@@ -351,8 +369,8 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Rows of the RMSNorm forward.
 struct RmsNormFwd<'a> {
-    y: &'a mut [f32],
-    r: &'a mut [f32],
+    y: &'a mut [MaybeUninit<f32>],
+    r: &'a mut [MaybeUninit<f32>],
     x: &'a [f32],
     gamma: &'a [f32],
     eps: f32,
@@ -377,9 +395,9 @@ impl Vectorized for RmsNormFwd<'_> {
             .zip(x.chunks_exact(d))
         {
             let rms = (sum_of_squares(x) / d as f32 + eps).sqrt();
-            *r = 1.0 / rms;
+            r.write(1.0 / rms);
             for ((y, &x), &g) in y.iter_mut().zip(x).zip(gamma) {
-                *y = (x / rms) * g;
+                y.write((x / rms) * g);
             }
         }
     }
@@ -401,33 +419,37 @@ pub(crate) fn rms_norm_bwd(
     let dtype = x.dtype();
     let d = shape[shape.num_dims() - 1];
     let rows = shape.num_elements() / d;
-    let mut dx = output(rows * d);
     let tasks = rows.div_ceil(RMS_ROWS_PER_TASK);
     // One dγ partial per task, [tasks, d], summed in task order below.
     let mut partial = output(tasks * d);
-    with_f32(&x, |x| {
-        with_f32(&gamma, |gamma| {
-            with_f32(&r, |r| {
-                with_f32(&dy, |dy| {
-                    dx.par_chunks_mut(RMS_ROWS_PER_TASK * d)
-                        .zip(partial.par_chunks_mut(d))
-                        .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
-                        .zip(dy.par_chunks(RMS_ROWS_PER_TASK * d))
-                        .zip(r.par_chunks(RMS_ROWS_PER_TASK))
-                        .for_each(|((((dx, dgamma), x), dy), r)| {
-                            vectorized(RmsNormBwd {
-                                dx,
-                                dgamma,
-                                x,
-                                dy,
-                                r,
-                                gamma,
-                            })
-                        });
+    let write = |dx: &mut [MaybeUninit<f32>]| {
+        with_f32(&x, |x| {
+            with_f32(&gamma, |gamma| {
+                with_f32(&r, |r| {
+                    with_f32(&dy, |dy| {
+                        dx.par_chunks_mut(RMS_ROWS_PER_TASK * d)
+                            .zip(partial.par_chunks_mut(d))
+                            .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
+                            .zip(dy.par_chunks(RMS_ROWS_PER_TASK * d))
+                            .zip(r.par_chunks(RMS_ROWS_PER_TASK))
+                            .for_each(|((((dx, dgamma), x), dy), r)| {
+                                vectorized(RmsNormBwd {
+                                    dx,
+                                    dgamma,
+                                    x,
+                                    dy,
+                                    r,
+                                    gamma,
+                                })
+                            });
+                    })
                 })
             })
         })
-    });
+    };
+    // SAFETY: the tasks cover `dx` whole (`x` is as long), and each writes all of its rows.
+    #[allow(unsafe_code)]
+    let dx = unsafe { output_with(rows * d, write) };
     let mut dgamma = vec![0.0f32; d];
     for p in partial.chunks_exact(d) {
         for (s, &v) in dgamma.iter_mut().zip(p) {
@@ -442,7 +464,7 @@ pub(crate) fn rms_norm_bwd(
 
 /// Rows of the RMSNorm backward; `dgamma` receives this run's `Σ dy ⊙ x̂`.
 struct RmsNormBwd<'a> {
-    dx: &'a mut [f32],
+    dx: &'a mut [MaybeUninit<f32>],
     dgamma: &'a mut [f32],
     x: &'a [f32],
     dy: &'a [f32],
@@ -485,7 +507,7 @@ impl Vectorized for RmsNormBwd<'_> {
                 .zip(&xhat)
                 .zip(dgamma.iter_mut().zip(dy))
             {
-                *dx = r * (g - xhat * c);
+                dx.write(r * (g - xhat * c));
                 *dgamma += dy * xhat;
             }
         }
@@ -497,15 +519,19 @@ pub(crate) fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
     launches::record(&launches::SWIGLU);
     let shape = gate.layout().shape().clone();
     let dtype = gate.dtype();
-    let mut y = output(shape.num_elements());
-    with_f32(&gate, |g| {
-        with_f32(&up, |u| {
-            y.par_chunks_mut(ELEMS_PER_TASK)
-                .zip(g.par_chunks(ELEMS_PER_TASK))
-                .zip(u.par_chunks(ELEMS_PER_TASK))
-                .for_each(|((y, g), u)| vectorized(SwigluFwd { y, g, u }));
+    let write = |y: &mut [MaybeUninit<f32>]| {
+        with_f32(&gate, |g| {
+            with_f32(&up, |u| {
+                y.par_chunks_mut(ELEMS_PER_TASK)
+                    .zip(g.par_chunks(ELEMS_PER_TASK))
+                    .zip(u.par_chunks(ELEMS_PER_TASK))
+                    .for_each(|((y, g), u)| vectorized(SwigluFwd { y, g, u }));
+            })
         })
-    });
+    };
+    // SAFETY: the tasks cover `y` whole (`gate` is as long) and write every element.
+    #[allow(unsafe_code)]
+    let y = unsafe { output_with(shape.num_elements(), write) };
     tensor(y, shape, dtype)
 }
 
@@ -519,23 +545,35 @@ pub(crate) fn swiglu_bwd(
     let shape = gate.layout().shape().clone();
     let dtype = gate.dtype();
     let len = shape.num_elements();
-    let (mut dg, mut du) = (output(len), output(len));
-    with_f32(&gate, |g| {
-        with_f32(&up, |u| {
-            with_f32(&dy, |dy| {
-                dg.par_chunks_mut(ELEMS_PER_TASK)
-                    .zip(du.par_chunks_mut(ELEMS_PER_TASK))
-                    .zip(g.par_chunks(ELEMS_PER_TASK))
-                    .zip(
-                        u.par_chunks(ELEMS_PER_TASK)
-                            .zip(dy.par_chunks(ELEMS_PER_TASK)),
-                    )
-                    .for_each(|(((dg, du), g), (u, dy))| {
-                        vectorized(SwigluBwd { dg, du, g, u, dy });
-                    });
+    let mut du = Vec::new();
+    let write_dg = |dg: &mut [MaybeUninit<f32>]| {
+        let write_du = |du: &mut [MaybeUninit<f32>]| {
+            with_f32(&gate, |g| {
+                with_f32(&up, |u| {
+                    with_f32(&dy, |dy| {
+                        dg.par_chunks_mut(ELEMS_PER_TASK)
+                            .zip(du.par_chunks_mut(ELEMS_PER_TASK))
+                            .zip(g.par_chunks(ELEMS_PER_TASK))
+                            .zip(
+                                u.par_chunks(ELEMS_PER_TASK)
+                                    .zip(dy.par_chunks(ELEMS_PER_TASK)),
+                            )
+                            .for_each(|(((dg, du), g), (u, dy))| {
+                                vectorized(SwigluBwd { dg, du, g, u, dy });
+                            });
+                    })
+                })
             })
-        })
-    });
+        };
+        // SAFETY: the tasks cover `du` whole (`gate` is as long) and write every element.
+        #[allow(unsafe_code)]
+        {
+            du = unsafe { output_with(len, write_du) };
+        }
+    };
+    // SAFETY: as for `du`, the tasks write every element of `dg`.
+    #[allow(unsafe_code)]
+    let dg = unsafe { output_with(len, write_dg) };
     (tensor(dg, shape.clone(), dtype), tensor(du, shape, dtype))
 }
 
@@ -603,34 +641,38 @@ pub(crate) fn cross_entropy_bwd(
     let [n, v] = dims2(&logits);
     let dtype = logits.dtype();
     let ids = read_ids(&targets);
-    let mut dx = output(n * v);
     let rows = rows_per_task(v);
-    with_f32(&logits, |x| {
-        with_f32(&lse, |lse| {
-            with_f32(&d_nll, |d| {
-                dx.par_chunks_mut(rows * v)
-                    .zip(x.par_chunks(rows * v))
-                    .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
-                    .zip(ids.par_chunks(rows))
-                    .for_each(|(((dx, x), (lse, d)), ids)| {
-                        vectorized(CrossEntropyBwd {
-                            dx,
-                            x,
-                            lse,
-                            d,
-                            ids,
-                            v,
+    let write = |dx: &mut [MaybeUninit<f32>]| {
+        with_f32(&logits, |x| {
+            with_f32(&lse, |lse| {
+                with_f32(&d_nll, |d| {
+                    dx.par_chunks_mut(rows * v)
+                        .zip(x.par_chunks(rows * v))
+                        .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
+                        .zip(ids.par_chunks(rows))
+                        .for_each(|(((dx, x), (lse, d)), ids)| {
+                            vectorized(CrossEntropyBwd {
+                                dx,
+                                x,
+                                lse,
+                                d,
+                                ids,
+                                v,
+                            });
                         });
-                    });
+                })
             })
         })
-    });
+    };
+    // SAFETY: the tasks cover `dx` whole (the logits are as long) and write every element.
+    #[allow(unsafe_code)]
+    let dx = unsafe { output_with(n * v, write) };
     tensor(dx, Shape::new([n, v]), dtype)
 }
 
 /// `y = SiLU(g) u` over one chunk.
 struct SwigluFwd<'a> {
-    y: &'a mut [f32],
+    y: &'a mut [MaybeUninit<f32>],
     g: &'a [f32],
     u: &'a [f32],
 }
@@ -641,15 +683,15 @@ impl Vectorized for SwigluFwd<'_> {
     #[inline(always)]
     fn run<M: MulAdd>(self) {
         for ((y, &g), &u) in self.y.iter_mut().zip(self.g).zip(self.u) {
-            *y = silu::<M>(g) * u;
+            y.write(silu::<M>(g) * u);
         }
     }
 }
 
 /// `(d gate, d up)` of SwiGLU over one chunk.
 struct SwigluBwd<'a> {
-    dg: &'a mut [f32],
-    du: &'a mut [f32],
+    dg: &'a mut [MaybeUninit<f32>],
+    du: &'a mut [MaybeUninit<f32>],
     g: &'a [f32],
     u: &'a [f32],
     dy: &'a [f32],
@@ -663,8 +705,8 @@ impl Vectorized for SwigluBwd<'_> {
         let Self { dg, du, g, u, dy } = self;
         for ((((dg, du), &g), &u), &dy) in dg.iter_mut().zip(du.iter_mut()).zip(g).zip(u).zip(dy) {
             let s = sigmoid::<M>(g);
-            *du = dy * g * s;
-            *dg = dy * u * s * (1.0 + g * (1.0 - s));
+            du.write(dy * g * s);
+            dg.write(dy * u * s * (1.0 + g * (1.0 - s)));
         }
     }
 }
@@ -702,7 +744,7 @@ impl Vectorized for CrossEntropyFwd<'_> {
 
 /// `d logits` of a block of rows.
 struct CrossEntropyBwd<'a> {
-    dx: &'a mut [f32],
+    dx: &'a mut [MaybeUninit<f32>],
     x: &'a [f32],
     lse: &'a [f32],
     d: &'a [f32],
@@ -726,9 +768,10 @@ impl Vectorized for CrossEntropyBwd<'_> {
         for ((((dx, x), &l), &d), &id) in dx.chunks_mut(v).zip(x.chunks(v)).zip(lse).zip(d).zip(ids)
         {
             for (dx, &x) in dx.iter_mut().zip(x) {
-                *dx = d * exp::<M>(x - l);
+                dx.write(d * exp::<M>(x - l));
             }
-            dx[id] -= d;
+            // The target's entry again, minus `d` (the same value as subtracting in place).
+            dx[id].write(d * exp::<M>(x[id] - l) - d);
         }
     }
 }
