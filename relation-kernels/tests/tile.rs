@@ -283,6 +283,9 @@ fn avx512_gemm_matches_a_plain_product() {
         (1000, 60, 80),
         (600, 80, 300),
         (1100, 259, 90),
+        // Transposed A with M > 1,024 and M <= N: row tasks, each packing its rows of A (with
+        // M > N a transposed A takes `Cᵀ = op(B)ᵀ A` instead).
+        (1100, 70, 1200),
     ] {
         for (ta, tb) in [(false, false), (true, false), (false, true), (true, true)] {
             let seed = (m * 7 + k * 11 + n * 13) as u64 + u64::from(ta) * 2 + u64::from(tb);
@@ -320,5 +323,5 @@ fn avx512_gemm_matches_a_plain_product() {
             cases += 1;
         }
     }
-    assert_eq!(cases, 36);
+    assert_eq!(cases, 40);
 }

@@ -135,6 +135,17 @@ pub(crate) fn dense_f32(
     #[cfg(target_arch = "x86_64")]
     if avx512 {
         use crate::tile::gemm512::View;
+        if ta && m > n {
+            // A wide transposed left factor (the tied head's gradient `gᵀ X`: M = V, K = the
+            // tokens) would be packed whole, six values from every `M·4` bytes, a page apart
+            // at V = 4,096. Its transpose `Cᵀ = op(B)ᵀ A` packs the narrow factor instead and
+            // streams the wide one's rows: the same sums in the same order (the same bits).
+            let yt = crate::tile::flex::product_avx512(
+                View::of(b, [br, bc], !tb),
+                View::of(a, [ar, ac], false),
+            ); // [N, M]
+            return transpose(&yt, n, m); // [N, M] -> [M, N]
+        }
         return crate::tile::flex::product_avx512(
             View::of(a, [ar, ac], ta),
             View::of(b, [br, bc], tb),
