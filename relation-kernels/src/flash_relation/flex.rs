@@ -51,8 +51,8 @@ use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::flex::{
-    LANES, Mat, MulAdd, Strided, Triangle, Vectorized, dims4, exp, f32_data, gemm, head_rows,
-    output, prefetch, read_f32, sigmoid, silu, tensor, transpose_heads, vectorized,
+    LANES, Mat, MulAdd, Strided, Triangle, Uninit, Vectorized, dims4, exp, f32_data, gemm,
+    head_rows, init_rows, prefetch, read_f32, sigmoid, silu, tensor, transpose_heads, vectorized,
 };
 use crate::tile::{Sequence, sequences};
 
@@ -210,12 +210,13 @@ fn launch_forward(
     let (q, k, v) = (f32_data(&p1), f32_data(&p2), f32_data(&info)); // [B, T, H, D]
     let kt = transpose_heads(&k, &seqs, h, d); // per (sequence, head): [D, len]
 
-    let mut y = output(b * t * h * d); // [B, T, H, D]
-    let mut ibar = output(b * t * h * d); // [B, T, H, D]
-    let mut stats = output(b * t * h * STATS); // [B, T, H, 3]
-    let mut y_rows = head_rows(&mut y, &seqs, h, d); // [N·H][len] rows of D
-    let mut ibar_rows = head_rows(&mut ibar, &seqs, h, d);
-    let mut stat_rows = head_rows(&mut stats, &seqs, h, STATS); // [N·H][len] rows of 3
+    // Each head's task initialises its rows of the three outputs before writing them.
+    let mut y = Uninit::new(b * t * h * d); // [B, T, H, D]
+    let mut ibar = Uninit::new(b * t * h * d); // [B, T, H, D]
+    let mut stats = Uninit::new(b * t * h * STATS); // [B, T, H, 3]
+    let mut y_rows = head_rows(y.room(), &seqs, h, d); // [N·H][len] rows of D
+    let mut ibar_rows = head_rows(ibar.room(), &seqs, h, d);
+    let mut stat_rows = head_rows(stats.room(), &seqs, h, STATS); // [N·H][len] rows of 3
     y_rows
         .par_iter_mut()
         .zip(ibar_rows.par_iter_mut())
@@ -223,6 +224,7 @@ fn launch_forward(
         .enumerate()
         .for_each(|(nh, ((y, ibar), stats))| {
             let head = Head::new(seqs[nh / h], nh % h, h, [&q, &k, &v, &kt], d);
+            let (mut y, mut ibar, mut stats) = (init_rows(y), init_rows(ibar), init_rows(stats));
             y.par_chunks_mut(BLOCK_Q)
                 .zip(ibar.par_chunks_mut(BLOCK_Q))
                 .zip(stats.par_chunks_mut(BLOCK_Q))
@@ -241,6 +243,11 @@ fn launch_forward(
                     });
                 });
         });
+    drop((y_rows, ibar_rows, stat_rows));
+    // SAFETY: the sequences' heads cover every row of the three buffers (`head_rows`), and each
+    // head's task initialised all of its rows (`init_rows`).
+    #[allow(unsafe_code)]
+    let (y, ibar, stats) = unsafe { (y.assume_init(), ibar.assume_init(), stats.assume_init()) };
 
     Forward {
         y: tensor(y, Shape::new(dims), dtype),
@@ -548,12 +555,13 @@ pub(crate) fn backward(
         transpose_heads(&v, &seqs, h, d),
     );
 
-    let mut dp1 = output(b * t * h * d); // [B, T, H, D]
-    let mut dp2 = output(b * t * h * d);
-    let mut dinfo = output(b * t * h * d);
-    let mut dp1_rows = head_rows(&mut dp1, &seqs, h, d); // [N·H][len] rows of D
-    let mut dp2_rows = head_rows(&mut dp2, &seqs, h, d);
-    let mut dinfo_rows = head_rows(&mut dinfo, &seqs, h, d);
+    // Each head's task initialises its rows of the three outputs before writing them.
+    let mut dp1 = Uninit::new(b * t * h * d); // [B, T, H, D]
+    let mut dp2 = Uninit::new(b * t * h * d);
+    let mut dinfo = Uninit::new(b * t * h * d);
+    let mut dp1_rows = head_rows(dp1.room(), &seqs, h, d); // [N·H][len] rows of D
+    let mut dp2_rows = head_rows(dp2.room(), &seqs, h, d);
+    let mut dinfo_rows = head_rows(dinfo.room(), &seqs, h, d);
     let dlambda_parts: Vec<f64> = dp1_rows
         .par_iter_mut()
         .zip(dp2_rows.par_iter_mut())
@@ -570,15 +578,21 @@ pub(crate) fn backward(
                 stats: &stats[row * STATS..],
                 stats_ld: h * STATS,
             };
+            let (mut dp1, mut dp2, mut dinfo) = (init_rows(dp1), init_rows(dp2), init_rows(dinfo));
             vectorized(BackwardHead {
                 head,
                 saved,
-                grads: [dp1, dp2, dinfo],
+                grads: [&mut dp1, &mut dp2, &mut dinfo],
                 scale,
                 inv_tau,
             })
         })
         .collect();
+    drop((dp1_rows, dp2_rows, dinfo_rows));
+    // SAFETY: the sequences' heads cover every row of the three buffers (`head_rows`), and each
+    // head's task initialised all of its rows (`init_rows`).
+    #[allow(unsafe_code)]
+    let (dp1, dp2, dinfo) = unsafe { (dp1.assume_init(), dp2.assume_init(), dinfo.assume_init()) };
     // dlambda = -sum_i dA_i log i, over heads in a fixed order.
     let dlambda = -dlambda_parts.iter().sum::<f64>() as f32;
 

@@ -152,13 +152,13 @@ pub(crate) fn transpose_heads(x: &[f32], seqs: &[Sequence], h: usize, d: usize) 
 /// `W` values of row `i` of sequence `n`, head `h`. The groups are disjoint borrows, so tasks of
 /// the thread pool write one head of one sequence (or a block of its rows) straight into the
 /// `[B, T, H, W]` output with no scatter pass.
-pub(crate) fn head_rows<'a>(
-    data: &'a mut [f32],
+pub(crate) fn head_rows<'a, T>(
+    data: &'a mut [T],
     seqs: &[Sequence],
     h: usize,
     w: usize,
-) -> Vec<Vec<&'a mut [f32]>> {
-    let mut rows: Vec<Vec<&mut [f32]>> = seqs
+) -> Vec<Vec<&'a mut [T]>> {
+    let mut rows: Vec<Vec<&mut [T]>> = seqs
         .iter()
         .flat_map(|seq| (0..h).map(|_| Vec::with_capacity(seq.len)))
         .collect();
@@ -173,6 +173,61 @@ pub(crate) fn head_rows<'a>(
         }
     }
     rows
+}
+
+/// An output buffer of f32 handed out uninitialised, for kernels whose tasks initialise their
+/// own rows ([`init_rows`]) right before writing them: the rows are then in cache for the
+/// kernel, where a fill of the whole buffer first ([`output`]) was one more pass over memory.
+pub(crate) struct Uninit(Vec<f32>, usize);
+
+impl Uninit {
+    /// Room for `len` values.
+    pub(crate) fn new(len: usize) -> Self {
+        Uninit(Vec::with_capacity(len), len)
+    }
+
+    /// The `len` values of room, uninitialised.
+    pub(crate) fn room(&mut self) -> &mut [std::mem::MaybeUninit<f32>] {
+        &mut self.0.spare_capacity_mut()[..self.1]
+    }
+
+    /// The buffer, every value initialised.
+    ///
+    /// # Safety
+    /// Every value of [`Uninit::room`] must have been written.
+    #[allow(unsafe_code)]
+    pub(crate) unsafe fn assume_init(mut self) -> Vec<f32> {
+        // SAFETY: the capacity is at least `len`, and all `len` values were written (the
+        // contract).
+        unsafe { self.0.set_len(self.1) };
+        self.0
+    }
+}
+
+/// Initialises a task's output rows (zeros, or NaN while outputs are poisoned, so that the
+/// tests still see an element the kernel does not write) and returns them as f32 rows.
+pub(crate) fn init_rows<'b>(
+    rows: &mut Vec<&'b mut [std::mem::MaybeUninit<f32>]>,
+) -> Vec<&'b mut [f32]> {
+    let fill = if crate::poison::poisoning() {
+        f32::NAN
+    } else {
+        0.0
+    };
+    rows.drain(..)
+        .map(|row| {
+            for x in row.iter_mut() {
+                x.write(fill);
+            }
+            let (ptr, len) = (row.as_mut_ptr().cast::<f32>(), row.len());
+            // SAFETY: every element of `row` was just written; `MaybeUninit<f32>` has the
+            // layout of `f32`, and the new borrow takes over `row`'s.
+            #[allow(unsafe_code)]
+            unsafe {
+                std::slice::from_raw_parts_mut(ptr, len)
+            }
+        })
+        .collect()
 }
 
 /// f32 `[B·H, T, D]` -> `[B, T, H, D]` in `dtype`.
