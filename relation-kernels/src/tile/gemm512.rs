@@ -506,6 +506,19 @@ fn pack_a(a: View<'_>, r0: usize, r1: usize, k0: usize, kc: usize, buf: &mut [f3
         for (q, step) in group.chunks_exact_mut(MR).enumerate() {
             // The group's values at this step are adjacent in a column-major `a` (`rs == 1`).
             let at = i + (k0 + q) * a.cs;
+            // The steps lie `M·4` bytes apart, a few to a page, where the hardware prefetcher
+            // does not follow: ask for the line `PACK_A_AHEAD` steps on (a no-op once cached,
+            // as it is for the groups after the first of each line).
+            if q + PACK_A_AHEAD < kc {
+                let ahead = at + PACK_A_AHEAD * a.cs;
+                // SAFETY: `prefetcht0` only hints; the address lies inside `a` (step
+                // `k0 + q + PACK_A_AHEAD < k0 + kc <= K`, row `i < M`).
+                unsafe {
+                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        a.data.as_ptr().add(ahead).cast(),
+                    );
+                }
+            }
             if rows == MR {
                 // A fixed-length copy: two moves, not a call to memcpy.
                 let step: &mut [f32; MR] = step.try_into().expect("MR values");
@@ -517,6 +530,9 @@ fn pack_a(a: View<'_>, r0: usize, r1: usize, k0: usize, kc: usize, buf: &mut [f3
         }
     }
 }
+
+/// How many steps of `k` ahead [`pack_a`] asks for its lines.
+const PACK_A_AHEAD: usize = 16;
 
 /// Steps of `k` per turn of the micro-kernel's loop: the pointer updates and the loop's test
 /// are paid once per four steps (96 fused multiply-adds) rather than per step.
