@@ -258,9 +258,11 @@ const FILL_CHUNK: usize = 1 << 14;
 /// An output buffer of `len` f32: zeros, or NaN while outputs are poisoned (tests).
 ///
 /// Large buffers are filled on the thread pool. The fill is a pass over memory the kernel then
-/// writes again; done by `vec![0.0; len]` it ran on the calling thread while the other workers
-/// waited, ~4 % of a 3.7M training step's samples (the `[B·T, d_ff]` SwiGLU gradients, RoPE,
-/// the RMSNorm gradient, FlashRelation's outputs). The values are the same either way.
+/// writes again: the kernels that write every element once take [`output_with`] instead, and
+/// FlashRelation's tasks initialise their own rows ([`Uninit`], [`init_rows`]); this is for
+/// the buffers that are accumulated into or written in scattered blocks (the heads'
+/// transposes, Linear Relation's gradients). Done by `vec![0.0; len]` the fill ran on the
+/// calling thread while the other workers waited. The values are the same either way.
 pub(crate) fn output(len: usize) -> Vec<f32> {
     use rayon::prelude::*;
     let fill = if crate::poison::poisoning() {
