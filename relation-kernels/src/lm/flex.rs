@@ -313,6 +313,12 @@ pub(crate) fn rms_norm_fwd(x: FlexTensor, gamma: FlexTensor, eps: f64) -> (FlexT
         let write_r = |r: &mut [MaybeUninit<f32>]| {
             with_f32(&x, |x| {
                 with_f32(&gamma, |gamma| {
+                    // Every row written needs a whole row of x and one γ per column.
+                    assert_eq!(
+                        (x.len(), gamma.len()),
+                        (rows * d, d),
+                        "RMSNorm input shapes"
+                    );
                     y.par_chunks_mut(RMS_ROWS_PER_TASK * d)
                         .zip(r.par_chunks_mut(RMS_ROWS_PER_TASK))
                         .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
@@ -438,6 +444,13 @@ pub(crate) fn rms_norm_bwd(
             with_f32(&gamma, |gamma| {
                 with_f32(&r, |r| {
                     with_f32(&dy, |dy| {
+                        // Every row written needs whole rows of x and dy, its r, and one γ
+                        // per column.
+                        assert_eq!(
+                            (x.len(), dy.len(), r.len(), gamma.len()),
+                            (rows * d, rows * d, rows, d),
+                            "RMSNorm backward input shapes"
+                        );
                         dx.par_chunks_mut(RMS_ROWS_PER_TASK * d)
                             .zip(partial.par_chunks_mut(d))
                             .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
@@ -533,6 +546,7 @@ pub(crate) fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
     let write = |y: &mut [MaybeUninit<f32>]| {
         with_f32(&gate, |g| {
             with_f32(&up, |u| {
+                assert_eq!(g.len(), u.len(), "SwiGLU gate and up of one shape");
                 y.par_chunks_mut(ELEMS_PER_TASK)
                     .zip(g.par_chunks(ELEMS_PER_TASK))
                     .zip(u.par_chunks(ELEMS_PER_TASK))
@@ -562,6 +576,11 @@ pub(crate) fn swiglu_bwd(
             with_f32(&gate, |g| {
                 with_f32(&up, |u| {
                     with_f32(&dy, |dy| {
+                        assert_eq!(
+                            (g.len(), u.len(), dy.len()),
+                            (len, len, len),
+                            "SwiGLU backward input shapes"
+                        );
                         dg.par_chunks_mut(ELEMS_PER_TASK)
                             .zip(du.par_chunks_mut(ELEMS_PER_TASK))
                             .zip(g.par_chunks(ELEMS_PER_TASK))
@@ -657,6 +676,12 @@ pub(crate) fn cross_entropy_bwd(
         with_f32(&logits, |x| {
             with_f32(&lse, |lse| {
                 with_f32(&d_nll, |d| {
+                    // Every row written needs its logits, `L`, `d` and target.
+                    assert_eq!(
+                        (lse.len(), d.len(), ids.len()),
+                        (n, n, n),
+                        "cross-entropy backward input shapes"
+                    );
                     dx.par_chunks_mut(rows * v)
                         .zip(x.par_chunks(rows * v))
                         .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
