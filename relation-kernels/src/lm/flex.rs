@@ -20,7 +20,7 @@ use relation_core::RopePositions;
 
 use crate::launches;
 use crate::tile::flex::{
-    MulAdd, Vectorized, dims4, exp, max_of, output, output_with, product, sigmoid, silu, tensor,
+    MulAdd, Uninit, Vectorized, dims4, exp, max_of, output, product, sigmoid, silu, tensor,
     transpose, vectorized, with_f32,
 };
 
@@ -207,30 +207,30 @@ pub(crate) fn rope(
     if len == 0 {
         return tensor(Vec::new(), shape, dtype);
     }
-    let write = |y: &mut [MaybeUninit<f32>]| {
-        with_f32(&x, |x| {
-            y.par_chunks_mut(ROPE_TOKENS_PER_TASK * token)
-                .zip(x.par_chunks(ROPE_TOKENS_PER_TASK * token))
-                .enumerate()
-                .for_each(|(task, (y, x))| {
-                    vectorized(RopeTokens {
-                        y,
-                        x,
-                        first: task * ROPE_TOKENS_PER_TASK,
-                        t,
-                        at: &at,
-                        h,
-                        d,
-                        cos: &cos,
-                        sin: &sin,
-                        inverse,
-                    })
-                });
-        })
-    };
+    let mut y = Uninit::new(len);
+    with_f32(&x, |x| {
+        y.room()
+            .par_chunks_mut(ROPE_TOKENS_PER_TASK * token)
+            .zip(x.par_chunks(ROPE_TOKENS_PER_TASK * token))
+            .enumerate()
+            .for_each(|(task, (y, x))| {
+                vectorized(RopeTokens {
+                    y,
+                    x,
+                    first: task * ROPE_TOKENS_PER_TASK,
+                    t,
+                    at: &at,
+                    h,
+                    d,
+                    cos: &cos,
+                    sin: &sin,
+                    inverse,
+                })
+            });
+    });
     // SAFETY: the tasks cover `y` whole (`x` is as long), and each writes all of its tokens.
     #[allow(unsafe_code)]
-    let y = unsafe { output_with(len, write) };
+    let y = unsafe { y.assume_init() };
     tensor(y, shape, dtype)
 }
 
@@ -308,41 +308,34 @@ pub(crate) fn rms_norm_fwd(x: FlexTensor, gamma: FlexTensor, eps: f64) -> (FlexT
     let dtype = x.dtype();
     let d = shape[shape.num_dims() - 1];
     let rows = shape.num_elements() / d;
-    let mut r = Vec::new();
-    let write = |y: &mut [MaybeUninit<f32>]| {
-        let write_r = |r: &mut [MaybeUninit<f32>]| {
-            with_f32(&x, |x| {
-                with_f32(&gamma, |gamma| {
-                    // Every row written needs a whole row of x and one γ per column.
-                    assert_eq!(
-                        (x.len(), gamma.len()),
-                        (rows * d, d),
-                        "RMSNorm input shapes"
-                    );
-                    y.par_chunks_mut(RMS_ROWS_PER_TASK * d)
-                        .zip(r.par_chunks_mut(RMS_ROWS_PER_TASK))
-                        .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
-                        .for_each(|((y, r), x)| {
-                            vectorized(RmsNormFwd {
-                                y,
-                                r,
-                                x,
-                                gamma,
-                                eps: eps as f32,
-                            })
-                        });
-                })
-            })
-        };
-        // SAFETY: the tasks cover `r` whole, one value per row, each written.
-        #[allow(unsafe_code)]
-        {
-            r = unsafe { output_with(rows, write_r) };
-        }
-    };
-    // SAFETY: the tasks cover `y` whole (`x` is as long), and each writes all of its rows.
+    let (mut y, mut r) = (Uninit::new(rows * d), Uninit::new(rows));
+    with_f32(&x, |x| {
+        with_f32(&gamma, |gamma| {
+            // Every row written needs a whole row of x and one γ per column.
+            assert_eq!(
+                (x.len(), gamma.len()),
+                (rows * d, d),
+                "RMSNorm input shapes"
+            );
+            y.room()
+                .par_chunks_mut(RMS_ROWS_PER_TASK * d)
+                .zip(r.room().par_chunks_mut(RMS_ROWS_PER_TASK))
+                .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
+                .for_each(|((y, r), x)| {
+                    vectorized(RmsNormFwd {
+                        y,
+                        r,
+                        x,
+                        gamma,
+                        eps: eps as f32,
+                    })
+                });
+        })
+    });
+    // SAFETY: the tasks cover `y` and `r` whole (`x` is as long as `y`, one `r` per row of it),
+    // and each writes all of its rows and their `r`.
     #[allow(unsafe_code)]
-    let y = unsafe { output_with(rows * d, write) };
+    let (y, r) = unsafe { (y.assume_init(), r.assume_init()) };
     (
         tensor(y, shape, dtype),
         tensor(r, Shape::new([rows]), DType::F32),
@@ -439,41 +432,41 @@ pub(crate) fn rms_norm_bwd(
     let tasks = rows.div_ceil(RMS_ROWS_PER_TASK);
     // One dγ partial per task, [tasks, d], summed in task order below.
     let mut partial = output(tasks * d);
-    let write = |dx: &mut [MaybeUninit<f32>]| {
-        with_f32(&x, |x| {
-            with_f32(&gamma, |gamma| {
-                with_f32(&r, |r| {
-                    with_f32(&dy, |dy| {
-                        // Every row written needs whole rows of x and dy, its r, and one γ
-                        // per column.
-                        assert_eq!(
-                            (x.len(), dy.len(), r.len(), gamma.len()),
-                            (rows * d, rows * d, rows, d),
-                            "RMSNorm backward input shapes"
-                        );
-                        dx.par_chunks_mut(RMS_ROWS_PER_TASK * d)
-                            .zip(partial.par_chunks_mut(d))
-                            .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
-                            .zip(dy.par_chunks(RMS_ROWS_PER_TASK * d))
-                            .zip(r.par_chunks(RMS_ROWS_PER_TASK))
-                            .for_each(|((((dx, dgamma), x), dy), r)| {
-                                vectorized(RmsNormBwd {
-                                    dx,
-                                    dgamma,
-                                    x,
-                                    dy,
-                                    r,
-                                    gamma,
-                                })
-                            });
-                    })
+    let mut dx = Uninit::new(rows * d);
+    with_f32(&x, |x| {
+        with_f32(&gamma, |gamma| {
+            with_f32(&r, |r| {
+                with_f32(&dy, |dy| {
+                    // Every row written needs whole rows of x and dy, its r, and one γ per
+                    // column.
+                    assert_eq!(
+                        (x.len(), dy.len(), r.len(), gamma.len()),
+                        (rows * d, rows * d, rows, d),
+                        "RMSNorm backward input shapes"
+                    );
+                    dx.room()
+                        .par_chunks_mut(RMS_ROWS_PER_TASK * d)
+                        .zip(partial.par_chunks_mut(d))
+                        .zip(x.par_chunks(RMS_ROWS_PER_TASK * d))
+                        .zip(dy.par_chunks(RMS_ROWS_PER_TASK * d))
+                        .zip(r.par_chunks(RMS_ROWS_PER_TASK))
+                        .for_each(|((((dx, dgamma), x), dy), r)| {
+                            vectorized(RmsNormBwd {
+                                dx,
+                                dgamma,
+                                x,
+                                dy,
+                                r,
+                                gamma,
+                            })
+                        });
                 })
             })
         })
-    };
+    });
     // SAFETY: the tasks cover `dx` whole (`x` is as long), and each writes all of its rows.
     #[allow(unsafe_code)]
-    let dx = unsafe { output_with(rows * d, write) };
+    let dx = unsafe { dx.assume_init() };
     let mut dgamma = vec![0.0f32; d];
     for p in partial.chunks_exact(d) {
         for (s, &v) in dgamma.iter_mut().zip(p) {
@@ -543,20 +536,20 @@ pub(crate) fn swiglu(gate: FlexTensor, up: FlexTensor) -> FlexTensor {
     launches::record(&launches::SWIGLU);
     let shape = gate.layout().shape().clone();
     let dtype = gate.dtype();
-    let write = |y: &mut [MaybeUninit<f32>]| {
-        with_f32(&gate, |g| {
-            with_f32(&up, |u| {
-                assert_eq!(g.len(), u.len(), "SwiGLU gate and up of one shape");
-                y.par_chunks_mut(ELEMS_PER_TASK)
-                    .zip(g.par_chunks(ELEMS_PER_TASK))
-                    .zip(u.par_chunks(ELEMS_PER_TASK))
-                    .for_each(|((y, g), u)| vectorized(SwigluFwd { y, g, u }));
-            })
+    let mut y = Uninit::new(shape.num_elements());
+    with_f32(&gate, |g| {
+        with_f32(&up, |u| {
+            assert_eq!(g.len(), u.len(), "SwiGLU gate and up of one shape");
+            y.room()
+                .par_chunks_mut(ELEMS_PER_TASK)
+                .zip(g.par_chunks(ELEMS_PER_TASK))
+                .zip(u.par_chunks(ELEMS_PER_TASK))
+                .for_each(|((y, g), u)| vectorized(SwigluFwd { y, g, u }));
         })
-    };
+    });
     // SAFETY: the tasks cover `y` whole (`gate` is as long) and write every element.
     #[allow(unsafe_code)]
-    let y = unsafe { output_with(shape.num_elements(), write) };
+    let y = unsafe { y.assume_init() };
     tensor(y, shape, dtype)
 }
 
@@ -570,40 +563,32 @@ pub(crate) fn swiglu_bwd(
     let shape = gate.layout().shape().clone();
     let dtype = gate.dtype();
     let len = shape.num_elements();
-    let mut du = Vec::new();
-    let write_dg = |dg: &mut [MaybeUninit<f32>]| {
-        let write_du = |du: &mut [MaybeUninit<f32>]| {
-            with_f32(&gate, |g| {
-                with_f32(&up, |u| {
-                    with_f32(&dy, |dy| {
-                        assert_eq!(
-                            (g.len(), u.len(), dy.len()),
-                            (len, len, len),
-                            "SwiGLU backward input shapes"
-                        );
-                        dg.par_chunks_mut(ELEMS_PER_TASK)
-                            .zip(du.par_chunks_mut(ELEMS_PER_TASK))
-                            .zip(g.par_chunks(ELEMS_PER_TASK))
-                            .zip(
-                                u.par_chunks(ELEMS_PER_TASK)
-                                    .zip(dy.par_chunks(ELEMS_PER_TASK)),
-                            )
-                            .for_each(|(((dg, du), g), (u, dy))| {
-                                vectorized(SwigluBwd { dg, du, g, u, dy });
-                            });
-                    })
-                })
+    let (mut dg, mut du) = (Uninit::new(len), Uninit::new(len));
+    with_f32(&gate, |g| {
+        with_f32(&up, |u| {
+            with_f32(&dy, |dy| {
+                assert_eq!(
+                    (g.len(), u.len(), dy.len()),
+                    (len, len, len),
+                    "SwiGLU backward input shapes"
+                );
+                dg.room()
+                    .par_chunks_mut(ELEMS_PER_TASK)
+                    .zip(du.room().par_chunks_mut(ELEMS_PER_TASK))
+                    .zip(g.par_chunks(ELEMS_PER_TASK))
+                    .zip(
+                        u.par_chunks(ELEMS_PER_TASK)
+                            .zip(dy.par_chunks(ELEMS_PER_TASK)),
+                    )
+                    .for_each(|(((dg, du), g), (u, dy))| {
+                        vectorized(SwigluBwd { dg, du, g, u, dy });
+                    });
             })
-        };
-        // SAFETY: the tasks cover `du` whole (`gate` is as long) and write every element.
-        #[allow(unsafe_code)]
-        {
-            du = unsafe { output_with(len, write_du) };
-        }
-    };
-    // SAFETY: as for `du`, the tasks write every element of `dg`.
+        })
+    });
+    // SAFETY: the tasks cover `dg` and `du` whole (`gate` is as long) and write every element.
     #[allow(unsafe_code)]
-    let dg = unsafe { output_with(len, write_dg) };
+    let (dg, du) = unsafe { (dg.assume_init(), du.assume_init()) };
     (tensor(dg, shape.clone(), dtype), tensor(du, shape, dtype))
 }
 
@@ -672,37 +657,37 @@ pub(crate) fn cross_entropy_bwd(
     let dtype = logits.dtype();
     let ids = read_ids(&targets);
     let rows = rows_per_task(v);
-    let write = |dx: &mut [MaybeUninit<f32>]| {
-        with_f32(&logits, |x| {
-            with_f32(&lse, |lse| {
-                with_f32(&d_nll, |d| {
-                    // Every row written needs its logits, `L`, `d` and target.
-                    assert_eq!(
-                        (lse.len(), d.len(), ids.len()),
-                        (n, n, n),
-                        "cross-entropy backward input shapes"
-                    );
-                    dx.par_chunks_mut(rows * v)
-                        .zip(x.par_chunks(rows * v))
-                        .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
-                        .zip(ids.par_chunks(rows))
-                        .for_each(|(((dx, x), (lse, d)), ids)| {
-                            vectorized(CrossEntropyBwd {
-                                dx,
-                                x,
-                                lse,
-                                d,
-                                ids,
-                                v,
-                            });
+    let mut dx = Uninit::new(n * v);
+    with_f32(&logits, |x| {
+        with_f32(&lse, |lse| {
+            with_f32(&d_nll, |d| {
+                // Every row written needs its logits, `L`, `d` and target.
+                assert_eq!(
+                    (lse.len(), d.len(), ids.len()),
+                    (n, n, n),
+                    "cross-entropy backward input shapes"
+                );
+                dx.room()
+                    .par_chunks_mut(rows * v)
+                    .zip(x.par_chunks(rows * v))
+                    .zip(lse.par_chunks(rows).zip(d.par_chunks(rows)))
+                    .zip(ids.par_chunks(rows))
+                    .for_each(|(((dx, x), (lse, d)), ids)| {
+                        vectorized(CrossEntropyBwd {
+                            dx,
+                            x,
+                            lse,
+                            d,
+                            ids,
+                            v,
                         });
-                })
+                    });
             })
         })
-    };
+    });
     // SAFETY: the tasks cover `dx` whole (the logits are as long) and write every element.
     #[allow(unsafe_code)]
-    let dx = unsafe { output_with(n * v, write) };
+    let dx = unsafe { dx.assume_init() };
     tensor(dx, Shape::new([n, v]), dtype)
 }
 

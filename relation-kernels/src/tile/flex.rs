@@ -175,15 +175,24 @@ pub(crate) fn head_rows<'a, T>(
     rows
 }
 
-/// An output buffer of f32 handed out uninitialised, for kernels whose tasks initialise their
-/// own rows ([`init_rows`]) right before writing them: the rows are then in cache for the
-/// kernel, where a fill of the whole buffer first ([`output`]) was one more pass over memory.
+/// An output buffer of `len` f32 handed out uninitialised, for the kernels that write every
+/// element themselves: the element-wise kernels (the cross-entropy's `[B·T, V]` gradient,
+/// SwiGLU, RoPE, RMSNorm) write straight into [`Uninit::room`], and FlashRelation's tasks
+/// initialise their own rows ([`init_rows`]) right before writing them, in cache. A fill of the
+/// whole buffer first ([`output`]) was one more pass over memory: ~5 % of a 3.7M training
+/// step's samples on a 2-core Intel Xeon. While outputs are poisoned (tests) the room is
+/// NaN-filled first, as [`output`]'s buffers are, so an element a kernel does not write fails
+/// the tests.
 pub(crate) struct Uninit(Vec<f32>, usize);
 
 impl Uninit {
-    /// Room for `len` values.
+    /// Room for `len` values (NaN while outputs are poisoned).
     pub(crate) fn new(len: usize) -> Self {
-        Uninit(Vec::with_capacity(len), len)
+        let mut buf = Uninit(Vec::with_capacity(len), len);
+        if crate::poison::poisoning() {
+            fill(buf.room(), f32::NAN);
+        }
+        buf
     }
 
     /// The `len` values of room, uninitialised.
@@ -209,11 +218,7 @@ impl Uninit {
 pub(crate) fn init_rows<'b>(
     rows: &mut Vec<&'b mut [std::mem::MaybeUninit<f32>]>,
 ) -> Vec<&'b mut [f32]> {
-    let fill = if crate::poison::poisoning() {
-        f32::NAN
-    } else {
-        0.0
-    };
+    let fill = fill_value();
     rows.drain(..)
         .map(|row| {
             for x in row.iter_mut() {
@@ -249,39 +254,21 @@ pub(crate) fn tensor(data: Vec<f32>, shape: Shape, dtype: DType) -> FlexTensor {
     FlexTensor::new(bytes, Layout::contiguous(shape), dtype)
 }
 
-/// Outputs at least this long (64 K f32, 256 KiB) are filled on the thread pool ([`output`]).
+/// Outputs at least this long (64 K f32, 256 KiB) are filled on the thread pool ([`fill`]).
 const PAR_FILL_MIN: usize = 1 << 16;
 
-/// Elements per task of [`output`]'s parallel fill (64 KiB of f32).
+/// Elements per task of [`fill`]'s parallel fill (64 KiB of f32).
 const FILL_CHUNK: usize = 1 << 14;
 
 /// An output buffer of `len` f32: zeros, or NaN while outputs are poisoned (tests).
 ///
-/// Large buffers are filled on the thread pool. The fill is a pass over memory the kernel then
-/// writes again: the kernels that write every element once take [`output_with`] instead, and
-/// FlashRelation's tasks initialise their own rows ([`Uninit`], [`init_rows`]); this is for
-/// the buffers that are accumulated into or written in scattered blocks (the heads'
-/// transposes, Linear Relation's gradients). Done by `vec![0.0; len]` the fill ran on the
-/// calling thread while the other workers waited. The values are the same either way.
+/// The fill is a pass over memory the kernel then writes again: the kernels that write every
+/// element themselves take an [`Uninit`] instead; this is for the buffers that are accumulated
+/// into or written in scattered blocks (the heads' transposes, Linear Relation's gradients).
 pub(crate) fn output(len: usize) -> Vec<f32> {
-    use rayon::prelude::*;
-    let fill = if crate::poison::poisoning() {
-        f32::NAN
-    } else {
-        0.0
-    };
-    if len < PAR_FILL_MIN {
-        return vec![fill; len];
-    }
     let mut y = Vec::with_capacity(len);
-    y.spare_capacity_mut()[..len]
-        .par_chunks_mut(FILL_CHUNK)
-        .for_each(|chunk| {
-            for x in chunk {
-                x.write(fill);
-            }
-        });
-    // SAFETY: the loop above wrote each of the first `len` elements of the capacity.
+    fill(&mut y.spare_capacity_mut()[..len], fill_value());
+    // SAFETY: `fill` wrote each of the first `len` elements of the capacity.
     #[allow(unsafe_code)]
     unsafe {
         y.set_len(len);
@@ -289,35 +276,30 @@ pub(crate) fn output(len: usize) -> Vec<f32> {
     y
 }
 
-/// An output buffer of `len` f32 that `write` fills, without [`output`]'s fill first: for the
-/// element-wise kernels that write each element of their output once and read none (the
-/// cross-entropy's `[B·T, V]` gradient, SwiGLU, RoPE, RMSNorm). The fill was a pass over
-/// memory the kernel then wrote again: ~5 % of a 3.7M training step's samples on a 2-core Intel
-/// Xeon. While outputs are poisoned (tests) the buffer is NaN-filled first, as [`output`]'s is,
-/// so an element the kernel does not write fails the tests.
-///
-/// # Safety
-/// `write` must initialise all `len` elements of the slice it is given.
-#[allow(unsafe_code)]
-pub(crate) unsafe fn output_with(
-    len: usize,
-    write: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
-) -> Vec<f32> {
-    use rayon::prelude::*;
-    let mut y = Vec::with_capacity(len);
-    let room = &mut y.spare_capacity_mut()[..len];
+/// What new outputs hold before a kernel writes them: 0, or NaN while outputs are poisoned.
+fn fill_value() -> f32 {
     if crate::poison::poisoning() {
-        room.par_chunks_mut(FILL_CHUNK).for_each(|chunk| {
-            for x in chunk {
-                x.write(f32::NAN);
-            }
-        });
+        f32::NAN
+    } else {
+        0.0
     }
-    write(room);
-    // SAFETY: `y` has capacity for `len` values, which `write` initialised (the caller's
-    // contract).
-    unsafe { y.set_len(len) };
-    y
+}
+
+/// Writes `value` to every element of `room`: on the thread pool from [`PAR_FILL_MIN`]
+/// elements on (done on the calling thread, large fills ran while the other workers waited).
+fn fill(room: &mut [std::mem::MaybeUninit<f32>], value: f32) {
+    use rayon::prelude::*;
+    if room.len() < PAR_FILL_MIN {
+        room.iter_mut().for_each(|x| {
+            x.write(value);
+        });
+        return;
+    }
+    room.par_chunks_mut(FILL_CHUNK).for_each(|chunk| {
+        for x in chunk {
+            x.write(value);
+        }
+    });
 }
 
 /// A kernel body to compile for the best vector extension this CPU has (AVX2 + FMA on x86-64,

@@ -511,13 +511,7 @@ fn pack_a(a: View<'_>, r0: usize, r1: usize, k0: usize, kc: usize, buf: &mut [f3
             // as it is for the groups after the first of each line).
             if q + PACK_A_AHEAD < kc {
                 let ahead = at + PACK_A_AHEAD * a.cs;
-                // SAFETY: `prefetcht0` only hints; the address lies inside `a` (step
-                // `k0 + q + PACK_A_AHEAD < k0 + kc <= K`, row `i < M`).
-                unsafe {
-                    std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        a.data.as_ptr().add(ahead).cast(),
-                    );
-                }
+                crate::tile::flex::prefetch(&a.data[ahead..ahead + 1]);
             }
             if rows == MR {
                 // A fixed-length copy: two moves, not a call to memcpy.
