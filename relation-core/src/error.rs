@@ -116,6 +116,16 @@ pub enum RelationError {
         /// The epsilon that was passed.
         eps: f64,
     },
+    /// An optimizer scalar outside its range (a learning rate, a decay, a step count).
+    #[error("`{name}` is {value}, expected {range}")]
+    InvalidHyperparameter {
+        /// The scalar's name, e.g. `"beta2"`.
+        name: &'static str,
+        /// The value that was passed.
+        value: f64,
+        /// The range it must lie in.
+        range: &'static str,
+    },
     /// A target token id is outside the vocabulary of the logits.
     #[error("target {index} is token id {value}, outside the vocabulary 0..{vocab}")]
     TargetOutOfRange {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod givens;
 pub mod linear;
 pub mod lm;
+pub mod optim;
 pub mod packed;
 pub mod relation;
 pub mod rng;
@@ -29,6 +30,7 @@ pub use linear::{
     naive_recurrent_linear_relation,
 };
 pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_swiglu};
+pub use optim::{AdamWState, AdamWStep, naive_adamw};
 pub use packed::{
     LinearForm, naive_packed_exchange_only_relation, naive_packed_factorized_relation,
     naive_packed_linear_relation, naive_packed_relation, naive_packed_rope,

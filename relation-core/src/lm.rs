@@ -205,8 +205,8 @@ pub fn check_cross_entropy(logits: &Tensor<2>, targets: &Tensor<1, Int>) -> Resu
     Ok(())
 }
 
-/// Checks that `x` has the shape and device of `reference`.
-fn check_same<const N: usize>(
+/// Checks that `x` has the shape, device and dtype of `reference`.
+pub(crate) fn check_same<const N: usize>(
     name: &'static str,
     x: &Tensor<N>,
     reference_name: &'static str,

@@ -17,6 +17,7 @@ pub(crate) static CROSS_ENTROPY: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static DENSE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static ROPE: AtomicUsize = AtomicUsize::new(0);
 pub(crate) static RMS_NORM: AtomicUsize = AtomicUsize::new(0);
+pub(crate) static ADAMW: AtomicUsize = AtomicUsize::new(0);
 
 /// Launches of the fused SwiGLU kernels (forward and backward).
 pub fn swiglu() -> usize {
@@ -41,6 +42,11 @@ pub fn rope() -> usize {
 /// Launches of the Flex RMSNorm kernels (forward and backward).
 pub fn rms_norm() -> usize {
     RMS_NORM.load(Ordering::SeqCst)
+}
+
+/// Launches of the Flex AdamW kernel (one per parameter and step).
+pub fn adamw() -> usize {
+    ADAMW.load(Ordering::SeqCst)
 }
 
 /// Launches of the `self_relation` kernel.

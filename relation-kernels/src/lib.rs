@@ -44,7 +44,7 @@ pub use linear_relation::{
 };
 #[cfg(feature = "flex")]
 pub use lm::LmOps;
-pub use lm::{cross_entropy, dense, rms_norm, rope, rope_packed, swiglu};
+pub use lm::{adamw, cross_entropy, dense, rms_norm, rope, rope_packed, swiglu};
 pub use ops::{FlashParams, LinearParams, RelationOps};
 pub use self_relation::self_relation;
 pub use strategy::{KERNEL_DTYPES, Strategy, has_kernels, is_cube, is_flex};

@@ -1,4 +1,4 @@
-//! The language-model ops (`dense`, `rms_norm`, `rope`, `swiglu`, `cross_entropy`): Flex's kernels against the
+//! The language-model ops (`dense`, `rms_norm`, `rope`, `swiglu`, `cross_entropy`, `adamw`): Flex's kernels against the
 //! `relation-core` references — forward and every gradient, awkward shapes, f32 and f16, NaN-poisoned
 //! outputs, huge logits — and the reference path everywhere else.
 
@@ -6,10 +6,11 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::RelationError;
 use relation_core::testing::{Check, Tol, assert_close, tolerance, uniform};
 use relation_core::{
-    WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
+    AdamWState, AdamWStep, WeightLayout, naive_adamw, naive_cross_entropy, naive_dense,
+    naive_rms_norm, naive_rope, naive_swiglu,
 };
 use relation_kernels::{
-    KernelError, Strategy, cross_entropy, debug, dense, rms_norm, rope, swiglu,
+    KernelError, Strategy, adamw, cross_entropy, debug, dense, rms_norm, rope, swiglu,
 };
 
 use crate::common::{assert_path, flex, to_flex};
@@ -528,4 +529,222 @@ fn lm_ops_use_the_reference_on(device: Device) {
         &to_flex(g.matmul(w)),
         tolerance(DType::F32, Check::Forward),
     );
+}
+
+/// A step of the trainer's AdamW at `time` (decay on, as for the matrices).
+fn adamw_step(time: usize) -> AdamWStep {
+    AdamWStep {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        epsilon: 1e-8,
+        weight_decay: 0.1,
+        time,
+    }
+}
+
+/// A parameter, a gradient and moments (`v >= 0`) of shape `dims`, rounded through `dtype`.
+fn adamw_inputs<const N: usize>(
+    dims: [usize; N],
+    dtype: DType,
+    device: &Device,
+) -> (AdamWState<N>, Tensor<N>) {
+    let at = |seed, scale| on::<N>(&data(dims, seed, scale, dtype), device, dtype, false);
+    let state = AdamWState {
+        param: at(31, 1.0),
+        moment_1: at(32, 0.1),
+        moment_2: at(33, 0.01).abs(),
+    };
+    (state, at(34, 1.0))
+}
+
+/// The three tensors of an AdamW state as f32 values, in the order param, m, v.
+fn adamw_values<const N: usize>(state: AdamWState<N>) -> [Vec<f32>; 3] {
+    [state.param, state.moment_1, state.moment_2]
+        .map(|x| x.cast(DType::F32).into_data().try_to_vec::<f32>().unwrap())
+}
+
+/// The fused update against the reference on Flex. f32: the same bits (both round each
+/// operation once, in one order). f16: the fused update computes in f32 and rounds once at the
+/// end, the reference rounds every operation, so the fused result is compared with the f32
+/// reference on the same (f16-rounded) inputs, within f16's tolerance.
+fn check_adamw<const N: usize>(dims: [usize; N], dtype: DType, step: AdamWStep) {
+    let what = format!("adamw {dims:?} {dtype:?} {step:?}");
+    let (state, grad) = adamw_inputs(dims, dtype, &flex());
+    let got = assert_path(&what, "fused", || {
+        adamw(state, grad, step, Strategy::Fused).unwrap()
+    });
+    assert_eq!(got.param.dtype(), dtype, "{what}: output dtype");
+    let (state, grad) = adamw_inputs(dims, dtype, &flex());
+    let cast = |x: Tensor<N>| x.cast(DType::F32);
+    let reference = AdamWState {
+        param: cast(state.param),
+        moment_1: cast(state.moment_1),
+        moment_2: cast(state.moment_2),
+    };
+    let want = naive_adamw(reference, cast(grad), step).unwrap();
+    let names = ["param", "moment_1", "moment_2"];
+    if dtype == DType::F32 {
+        for ((name, got), want) in names.iter().zip(adamw_values(got)).zip(adamw_values(want)) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert!(
+                bits(&got) == bits(&want),
+                "{what}: {name} differs from the reference's bits"
+            );
+        }
+    } else {
+        let tol = tolerance(dtype, Check::Forward);
+        let (got, want) = (
+            [got.param, got.moment_1, got.moment_2],
+            [want.param, want.moment_1, want.moment_2],
+        );
+        for ((name, got), want) in names.iter().zip(got).zip(want) {
+            assert_close(&format!("{name} {what}"), &cast(got), &want, tol);
+        }
+    }
+}
+
+#[test]
+fn adamw_fused_matches_the_reference() {
+    // One element, a row under one vector, chunks of the thread pool with a tail (16 K per
+    // task), the first update and a later one, with and without weight decay.
+    for step in [
+        adamw_step(1),
+        adamw_step(7),
+        AdamWStep {
+            weight_decay: 0.0,
+            ..adamw_step(3)
+        },
+    ] {
+        check_adamw([1], DType::F32, step);
+        check_adamw([63], DType::F32, step);
+        check_adamw([3, 1000, 11], DType::F32, step);
+        check_adamw([17, 48], DType::F16, step);
+    }
+    check_adamw([2, 60, 80], DType::BF16, adamw_step(2));
+}
+
+/// The same values as `x`, stored column-major (a transposed view of a contiguous buffer).
+fn column_major(x: Tensor<2>) -> Tensor<2> {
+    Tensor::<2>::from_data(x.transpose().into_data(), &flex()).transpose()
+}
+
+#[test]
+fn adamw_fused_leaves_shared_tensors_and_strided_views_intact() {
+    let step = adamw_step(4);
+    let (state, grad) = adamw_inputs([40, 70], DType::F32, &flex());
+    // A clone shares the parameter's buffer: the in-place update must copy it first.
+    let kept = state.param.clone();
+    let before = kept.clone().into_data();
+    // Moments stored column-major: read and written in logical (row-major) order.
+    let strided = AdamWState {
+        moment_1: column_major(state.moment_1.clone()),
+        moment_2: column_major(state.moment_2.clone()),
+        ..state.clone()
+    };
+    let got = adamw(strided, column_major(grad.clone()), step, Strategy::Fused).unwrap();
+    assert_eq!(kept.into_data(), before, "a clone of the parameter changed");
+    let want = naive_adamw(state.clone(), grad.clone(), step).unwrap();
+    assert_eq!(
+        adamw_values(got),
+        adamw_values(want.clone()),
+        "column-major moments"
+    );
+
+    let swapped = AdamWState {
+        param: column_major(state.param.clone()),
+        ..state
+    };
+    let got = adamw(swapped, grad, step, Strategy::Fused).unwrap();
+    assert_eq!(
+        adamw_values(got),
+        adamw_values(want),
+        "a column-major parameter"
+    );
+}
+
+#[test]
+fn adamw_fused_keeps_a_nan_gradient_in_its_own_element() {
+    let (state, grad) = adamw_inputs([5, 40], DType::F32, &flex());
+    let mut g = grad.into_data().try_to_vec::<f32>().unwrap();
+    g[77] = f32::NAN;
+    let grad = Tensor::<2>::from_data(TensorData::new(g, [5, 40]), &flex());
+    let got = adamw(state, grad, adamw_step(2), Strategy::Fused).unwrap();
+    for (name, values) in ["param", "moment_1", "moment_2"]
+        .iter()
+        .zip(adamw_values(got))
+    {
+        let nans: Vec<usize> = (0..values.len()).filter(|&i| values[i].is_nan()).collect();
+        assert_eq!(
+            nans,
+            [77],
+            "{name}: NaN where the gradient was NaN, nowhere else"
+        );
+    }
+}
+
+#[test]
+fn adamw_refuses_bad_scalars_and_shapes() {
+    let (state, grad) = adamw_inputs([4, 6], DType::F32, &flex());
+    for (step, name) in [
+        (
+            AdamWStep {
+                beta1: 1.0,
+                ..adamw_step(1)
+            },
+            "beta1",
+        ),
+        (
+            AdamWStep {
+                beta2: -0.1,
+                ..adamw_step(1)
+            },
+            "beta2",
+        ),
+        (
+            AdamWStep {
+                epsilon: 0.0,
+                ..adamw_step(1)
+            },
+            "epsilon",
+        ),
+        (
+            AdamWStep {
+                lr: f64::NAN,
+                ..adamw_step(1)
+            },
+            "lr",
+        ),
+        (
+            AdamWStep {
+                weight_decay: -1.0,
+                ..adamw_step(1)
+            },
+            "weight_decay",
+        ),
+        (adamw_step(0), "time"),
+    ] {
+        for strategy in [Strategy::Auto, Strategy::Reference] {
+            match adamw(state.clone(), grad.clone(), step, strategy) {
+                Err(KernelError::Invalid(RelationError::InvalidHyperparameter {
+                    name: got,
+                    ..
+                })) => assert_eq!(got, name),
+                other => {
+                    panic!("{name} {strategy:?}: expected InvalidHyperparameter, got {other:?}")
+                }
+            }
+        }
+    }
+    let short = AdamWState {
+        moment_2: state.moment_2.clone().slice([0..4, 0..5]),
+        ..state.clone()
+    };
+    assert!(matches!(
+        adamw(short, grad, adamw_step(1), Strategy::Auto),
+        Err(KernelError::Invalid(RelationError::ShapeMismatch {
+            name: "moment_2",
+            ..
+        }))
+    ));
 }

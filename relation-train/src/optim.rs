@@ -2,8 +2,12 @@
 //! the global gradient norm and its clipping, the per-token loss.
 
 use burn::module::{Module, ModuleVisitor, Param, ParamGroup, ParamId};
-use burn::optim::{AdamWConfig, GradientsParams, ModuleOptimizer};
+use burn::optim::{
+    AdamWState, AdaptiveMomentumState, GradientsParams, LearningRate, ModuleOptimizer, Optimizer,
+};
+use burn::tensor::Device;
 use burn::tensor::{Int, Tensor};
+use relation_core::AdamWStep;
 
 use crate::config::TrainSpec;
 
@@ -43,22 +47,109 @@ impl ModuleVisitor for VectorParams {
     }
 }
 
-/// AdamW (`beta1`, `beta2`, `epsilon`) with decoupled weight decay on matrices only.
-pub fn adamw<M: Module>(model: &M, spec: &TrainSpec) -> ModuleOptimizer {
-    let base = AdamWConfig::new()
-        .with_beta_1(spec.beta1 as f32)
-        .with_beta_2(spec.beta2 as f32)
-        .with_epsilon(spec.epsilon as f32);
+/// AdamW (`beta1`, `beta2`, `epsilon`) with decoupled weight decay on matrices only, each
+/// update through [`FusedAdamW`].
+///
+/// # Errors
+/// A `beta` that rounds to 1 in f32, or another scalar out of range ([`AdamWStep::check`]).
+pub fn adamw<M: Module>(model: &M, spec: &TrainSpec) -> crate::Result<ModuleOptimizer> {
+    let decayed = FusedAdamW {
+        beta1: spec.beta1 as f32,
+        beta2: spec.beta2 as f32,
+        epsilon: spec.epsilon as f32,
+        weight_decay: spec.weight_decay as f32,
+    };
+    decayed
+        .at(0.0, 1)
+        .check()
+        .map_err(relation_model::ModelError::from)?;
     let mut vectors = VectorParams(Vec::new());
     model.visit(&mut vectors);
-    base.clone()
-        .with_weight_decay(spec.weight_decay as f32)
-        .init()
-        .with_group(
-            ParamGroup::from_ids(vectors.0),
-            base.with_weight_decay(0.0).build(),
-            None,
+    Ok(ModuleOptimizer::from(decayed).with_group(
+        ParamGroup::from_ids(vectors.0),
+        FusedAdamW {
+            weight_decay: 0.0,
+            ..decayed
+        },
+        None,
+    ))
+}
+
+/// Burn's AdamW (the same maths, the same bits, the same state and checkpoints), each
+/// parameter's update one call of [`relation_kernels::adamw`]: on Flex one pass on all cores
+/// over the parameter, its gradient and its moments, in place, where Burn's `AdamW` runs fifteen
+/// tensor operations on the calling thread (18 ms of a 530 ms step of the 3.7M model on a
+/// 2-core Intel Xeon); on other devices the same tensor operations as Burn's.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FusedAdamW {
+    /// Decay of the first moment.
+    pub beta1: f32,
+    /// Decay of the second moment.
+    pub beta2: f32,
+    /// Added to `sqrt(v̂)`.
+    pub epsilon: f32,
+    /// Decoupled weight decay (0: none).
+    pub weight_decay: f32,
+}
+
+impl FusedAdamW {
+    /// The scalars of the update at learning rate `lr`, the parameter's `time`-th.
+    fn at(&self, lr: f64, time: usize) -> AdamWStep {
+        AdamWStep {
+            lr,
+            beta1: self.beta1,
+            beta2: self.beta2,
+            epsilon: self.epsilon,
+            weight_decay: self.weight_decay,
+            time,
+        }
+    }
+}
+
+impl Optimizer for FusedAdamW {
+    type State<const D: usize> = AdamWState<D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<D>,
+        grad: Tensor<D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<D>, Option<Self::State<D>>) {
+        // Zero moments make the first update Burn's first (`β·0 + (1 - β) g` is `(1 - β) g`).
+        let (time, moment_1, moment_2) = match state {
+            Some(AdamWState { momentum }) => {
+                (momentum.time + 1, momentum.moment_1, momentum.moment_2)
+            }
+            None => (1, tensor.zeros_like(), tensor.zeros_like()),
+        };
+        let updated = relation_kernels::adamw(
+            relation_core::AdamWState {
+                param: tensor,
+                moment_1,
+                moment_2,
+            },
+            grad,
+            self.at(lr, time),
+            relation_kernels::Strategy::Auto,
         )
+        // The scalars were checked when the optimizer was built and the learning rate comes
+        // from the checked schedule; Burn hands each parameter with its own gradient and state.
+        .unwrap_or_else(|e| panic!("AdamW update of a parameter: {e}"));
+        let momentum = AdaptiveMomentumState {
+            time,
+            moment_1: updated.moment_1,
+            moment_2: updated.moment_2,
+            max_moment_2: None,
+        };
+        (updated.param, Some(AdamWState { momentum }))
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &Device) -> Self::State<D> {
+        AdamWState {
+            momentum: state.momentum.to_device(device),
+        }
+    }
 }
 
 /// Sums `|g|^2` of every parameter's gradient.

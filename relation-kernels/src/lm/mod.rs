@@ -1,6 +1,6 @@
 //! The language model's hot spots around the mixers, for Flex: the dense product of every
-//! projection and of the output head, the SwiGLU gate and the per-token cross-entropy (the
-//! training loss).
+//! projection and of the output head, the SwiGLU gate, the per-token cross-entropy (the
+//! training loss) and the optimizer's AdamW update.
 //!
 //! Why they are here: Burn's Flex runs element-wise operations on the calling thread, and under
 //! autodiff `log_softmax` and `silu` decompose into several full-size passes each (max, subtract,
@@ -22,6 +22,7 @@ pub use ops::LmOps;
 
 use burn::tensor::{Int, Tensor};
 use relation_core::lm::{check_cross_entropy, check_dense, check_rms_norm, check_swiglu};
+use relation_core::optim::{AdamWState, AdamWStep, check_adamw, naive_adamw};
 use relation_core::rope::check_rope;
 use relation_core::{
     RopePositions, Segments, WeightLayout, naive_cross_entropy, naive_dense, naive_packed_rope,
@@ -233,6 +234,50 @@ pub fn cross_entropy(
             logits.into_dispatch(),
             targets.into_dispatch(),
         )))
+    }
+    #[cfg(not(feature = "flex"))]
+    unreachable!("use_fused_flex is false without the flex feature")
+}
+
+/// One AdamW update of a parameter by its gradient, `(θ', m', v')`; the reference (and the
+/// maths) is [`relation_core::naive_adamw`].
+///
+/// [`Strategy::Auto`] runs it on Flex as one pass over the four arrays on all cores, writing
+/// `θ`, `m` and `v` in place where the tensors own their buffers, with the reference's bits;
+/// the reference's fifteen tensor operations elsewhere (each a pass of its own, on Flex on the
+/// calling thread). [`Strategy::Fused`] is an error off Flex.
+///
+/// # Shapes
+/// - every tensor of `state` and `grad`: the same shape; the output: that shape
+///
+/// # Errors
+/// Mismatched shapes, devices or dtypes; a scalar of `step` out of range
+/// ([`AdamWStep::check`]); [`Strategy::Fused`] on a device other than Flex.
+pub fn adamw<const D: usize>(
+    state: AdamWState<D>,
+    grad: Tensor<D>,
+    step: AdamWStep,
+    strategy: Strategy,
+) -> Result<AdamWState<D>> {
+    check_adamw(&state, &grad, &step)?;
+    if !strategy.use_fused_flex("adamw", &state.param)? {
+        return Ok(naive_adamw(state, grad, step)?);
+    }
+    #[cfg(feature = "flex")]
+    {
+        use burn::backend::Dispatch;
+        let (param, moment_1, moment_2) = Dispatch::adamw(
+            state.param.into_dispatch(),
+            grad.into_dispatch(),
+            state.moment_1.into_dispatch(),
+            state.moment_2.into_dispatch(),
+            step,
+        );
+        Ok(AdamWState {
+            param: Tensor::from_dispatch(param),
+            moment_1: Tensor::from_dispatch(moment_1),
+            moment_2: Tensor::from_dispatch(moment_2),
+        })
     }
     #[cfg(not(feature = "flex"))]
     unreachable!("use_fused_flex is false without the flex feature")

@@ -11,7 +11,7 @@ use burn::backend::autodiff::{
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Flex, backend_extension};
 
-use relation_core::RopePositions;
+use relation_core::{AdamWStep, RopePositions};
 
 use super::flex;
 
@@ -86,6 +86,19 @@ pub trait LmOps: Backend {
         logits: FloatTensor<Self>,
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
+
+    /// One AdamW update of a parameter, `(θ', m', v')` ([`relation_core::naive_adamw`]); not
+    /// differentiable (an optimizer's step, on tensors outside any graph).
+    ///
+    /// # Shapes
+    /// - `param`, `grad`, `moment_1`, `moment_2` and the three outputs: the same shape
+    fn adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
 
     /// Cross-entropy backward: `d logits = d_nll · (exp(logits - lse) - onehot(targets))`,
     /// `[N, V]` in the logits' dtype.
@@ -163,9 +176,36 @@ impl LmOps for Flex {
     ) -> FloatTensor<Self> {
         flex::cross_entropy_bwd(logits, targets, lse, d_nll)
     }
+
+    fn adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        flex::adamw(param, grad, moment_1, moment_2, step)
+    }
 }
 
 impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
+    fn adamw(
+        param: FloatTensor<Self>,
+        grad: FloatTensor<Self>,
+        moment_1: FloatTensor<Self>,
+        moment_2: FloatTensor<Self>,
+        step: AdamWStep,
+    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
+        let [param, grad, moment_1, moment_2] =
+            [param, grad, moment_1, moment_2].map(|x| x.into_primitive());
+        let (p, m, v) = B::adamw(param, grad, moment_1, moment_2, step);
+        (
+            FloatTensor::<Self>::new(p),
+            FloatTensor::<Self>::new(m),
+            FloatTensor::<Self>::new(v),
+        )
+    }
+
     fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
         /// Saves each row's `1 / rms` (`[rows]`); `x` and `gamma` are checkpointed (the
         /// residual stream and a parameter, alive anyway).

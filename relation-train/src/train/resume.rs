@@ -90,7 +90,7 @@ impl Run<'_> {
     ) -> Result<ModuleOptimizer> {
         // Built after any resume: the loaded weights carry the saved parameter ids, which the
         // weight-decay groups and the optimizer state are keyed by.
-        let optim = adamw(model, &self.t);
+        let optim = adamw(model, &self.t)?;
         if self.resume {
             return checkpoint::load_optim(&progress.checkpoint_dir, optim);
         }
