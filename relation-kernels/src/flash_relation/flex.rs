@@ -46,6 +46,7 @@ use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::launches;
@@ -53,6 +54,7 @@ use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 use crate::tile::flex::{
     LANES, Mat, MulAdd, Strided, Triangle, Uninit, Vectorized, dims4, exp, f32_data, gemm,
     head_rows, init_rows, prefetch, read_f32, sigmoid, silu, tensor, transpose_heads, vectorized,
+    zero_rows,
 };
 use crate::tile::{Sequence, sequences};
 
@@ -210,7 +212,8 @@ fn launch_forward(
     let (q, k, v) = (f32_data(&p1), f32_data(&p2), f32_data(&info)); // [B, T, H, D]
     let kt = transpose_heads(&k, &seqs, h, d); // per (sequence, head): [D, len]
 
-    // Each head's task initialises its rows of the three outputs before writing them.
+    // Each head's task zeroes its rows of Ī (the accumulator `z`) before the scan and writes
+    // its rows of Y and the statistics whole after it.
     let mut y = Uninit::new(b * t * h * d); // [B, T, H, D]
     let mut ibar = Uninit::new(b * t * h * d); // [B, T, H, D]
     let mut stats = Uninit::new(b * t * h * STATS); // [B, T, H, 3]
@@ -224,7 +227,7 @@ fn launch_forward(
         .enumerate()
         .for_each(|(nh, ((y, ibar), stats))| {
             let head = Head::new(seqs[nh / h], nh % h, h, [&q, &k, &v, &kt], d);
-            let (mut y, mut ibar, mut stats) = (init_rows(y), init_rows(ibar), init_rows(stats));
+            let mut ibar = zero_rows(ibar);
             y.par_chunks_mut(BLOCK_Q)
                 .zip(ibar.par_chunks_mut(BLOCK_Q))
                 .zip(stats.par_chunks_mut(BLOCK_Q))
@@ -244,8 +247,9 @@ fn launch_forward(
                 });
         });
     drop((y_rows, ibar_rows, stat_rows));
-    // SAFETY: the sequences' heads cover every row of the three buffers (`head_rows`), and each
-    // head's task initialised all of its rows (`init_rows`).
+    // SAFETY: the sequences' heads cover every row of the three buffers (`head_rows`); each
+    // head's task zeroed all of its rows of Ī (`zero_rows`), and `forward_block`'s last loop
+    // writes every value of each of its rows of Y and the statistics.
     #[allow(unsafe_code)]
     let (y, ibar, stats) = unsafe { (y.assume_init(), ibar.assume_init(), stats.assume_init()) };
 
@@ -262,12 +266,12 @@ fn launch_forward(
 
 /// The output rows of one forward task (`n` rows each).
 struct Rows<'a, 'b> {
-    /// Rows of `D`.
-    y: &'a mut [&'b mut [f32]],
-    /// Rows of `D`: the accumulator `z` during the scan.
+    /// Rows of `D`, written once at the end.
+    y: &'a mut [&'b mut [MaybeUninit<f32>]],
+    /// Rows of `D`: the accumulator `z` during the scan (zeroed before it).
     ibar: &'a mut [&'b mut [f32]],
-    /// Rows of 3.
-    stats: &'a mut [&'b mut [f32]],
+    /// Rows of 3, written once at the end.
+    stats: &'a mut [&'b mut [MaybeUninit<f32>]],
 }
 
 /// One forward task, compiled for the CPU's vector extension ([`vectorized`]).
@@ -307,8 +311,7 @@ fn forward_block<M: MulAdd>(
     let d = head.d;
     let n = rows.y.len();
     let i1 = i0 + n;
-    let z = rows.ibar;
-    z.iter_mut().for_each(|row| row[..d].fill(0.0));
+    let z = rows.ibar; // zeros ([`zero_rows`])
     let mut m = [0.0f32; BLOCK_Q];
     let mut l = [0.0f32; BLOCK_Q];
     let mut u_self = [0.0f32; BLOCK_Q];
@@ -372,10 +375,12 @@ fn forward_block<M: MulAdd>(
         let info = head.row(head.info, i);
         for ((y, ibar), &v) in rows.y[r].iter_mut().zip(z[r].iter_mut()).zip(info) {
             *ibar *= inv_l;
-            *y = v + g * (*ibar - v);
+            y.write(v + g * (*ibar - v));
         }
         let out = &mut rows.stats[r];
-        (out[stat::LSE], out[stat::SELF], out[stat::SHARE]) = (lse, s, g);
+        for (channel, value) in [(stat::LSE, lse), (stat::SELF, s), (stat::SHARE, g)] {
+            out[channel].write(value);
+        }
     }
 }
 
@@ -555,7 +560,8 @@ pub(crate) fn backward(
         transpose_heads(&v, &seqs, h, d),
     );
 
-    // Each head's task initialises its rows of the three outputs before writing them.
+    // Each head's task zeroes its rows of dp1 and dp2 (sums over key tiles and query blocks)
+    // and initialises its rows of dĨ, which its prepass then writes whole, before its scan.
     let mut dp1 = Uninit::new(b * t * h * d); // [B, T, H, D]
     let mut dp2 = Uninit::new(b * t * h * d);
     let mut dinfo = Uninit::new(b * t * h * d);
@@ -578,7 +584,7 @@ pub(crate) fn backward(
                 stats: &stats[row * STATS..],
                 stats_ld: h * STATS,
             };
-            let (mut dp1, mut dp2, mut dinfo) = (init_rows(dp1), init_rows(dp2), init_rows(dinfo));
+            let (mut dp1, mut dp2, mut dinfo) = (zero_rows(dp1), zero_rows(dp2), init_rows(dinfo));
             vectorized(BackwardHead {
                 head,
                 saved,
@@ -641,8 +647,8 @@ impl Vectorized for BackwardHead<'_, '_> {
     }
 }
 
-/// Gradients of one head into `[dp1, dp2, dinfo]` (`T` rows of `D` each); returns
-/// `sum_i dA_i log i`.
+/// Gradients of one head into `[dp1, dp2, dinfo]` (`T` rows of `D` each; `dp1` and `dp2`
+/// arrive zeroed, [`zero_rows`]); returns `sum_i dA_i log i`.
 #[inline(always)] // into `BackwardHead::run`, so the element loops are vectorised for this CPU
 fn backward_head<M: MulAdd>(
     head: Head<'_>,
@@ -687,8 +693,6 @@ fn backward_head<M: MulAdd>(
         d_row[i] = dd;
         weighted += f64::from(d_a[i]) * ((i + 1) as f64).ln();
     }
-    dp1.iter_mut().for_each(|row| row.fill(0.0));
-    dp2.iter_mut().for_each(|row| row.fill(0.0));
 
     let mut u = vec![0.0f32; BLOCK_Q * BLOCK_K]; // U, then dU
     let mut dp = vec![0.0f32; BLOCK_Q * BLOCK_K]; // dĪ Ĩᵀ, then pi

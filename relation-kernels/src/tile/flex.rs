@@ -214,15 +214,33 @@ impl Uninit {
 }
 
 /// Initialises a task's output rows (zeros, or NaN while outputs are poisoned, so that the
-/// tests still see an element the kernel does not write) and returns them as f32 rows.
+/// tests still see an element the kernel does not write) and returns them as f32 rows. Rows the
+/// kernel writes whole need no initialisation (it writes them through `MaybeUninit::write`), and
+/// accumulators start from [`zero_rows`].
 pub(crate) fn init_rows<'b>(
     rows: &mut Vec<&'b mut [std::mem::MaybeUninit<f32>]>,
 ) -> Vec<&'b mut [f32]> {
-    let fill = fill_value();
+    rows_filled(rows, fill_value())
+}
+
+/// A task's accumulator rows, zeroed whether or not outputs are poisoned: the kernel's sums
+/// start from them (so there is no unwritten element for the poison to reveal), and the task
+/// zeroes them here, in cache, once.
+pub(crate) fn zero_rows<'b>(
+    rows: &mut Vec<&'b mut [std::mem::MaybeUninit<f32>]>,
+) -> Vec<&'b mut [f32]> {
+    rows_filled(rows, 0.0)
+}
+
+/// `rows`, every element set to `value`, as f32 rows.
+fn rows_filled<'b>(
+    rows: &mut Vec<&'b mut [std::mem::MaybeUninit<f32>]>,
+    value: f32,
+) -> Vec<&'b mut [f32]> {
     rows.drain(..)
         .map(|row| {
             for x in row.iter_mut() {
-                x.write(fill);
+                x.write(value);
             }
             let (ptr, len) = (row.as_mut_ptr().cast::<f32>(), row.len());
             // SAFETY: every element of `row` was just written; `MaybeUninit<f32>` has the
