@@ -8,6 +8,7 @@ use burn::optim::{
 use burn::tensor::Device;
 use burn::tensor::{Int, Tensor};
 use relation_core::AdamWStep;
+use relation_kernels::Strategy;
 
 use crate::config::TrainSpec;
 
@@ -48,16 +49,30 @@ impl ModuleVisitor for VectorParams {
 }
 
 /// AdamW (`beta1`, `beta2`, `epsilon`) with decoupled weight decay on matrices only, each
-/// update through [`FusedAdamW`].
+/// update through [`FusedAdamW`] ([`Strategy::Auto`]: fused on Flex).
 ///
 /// # Errors
 /// A `beta` that rounds to 1 in f32, or another scalar out of range ([`AdamWStep::check`]).
 pub fn adamw<M: Module>(model: &M, spec: &TrainSpec) -> crate::Result<ModuleOptimizer> {
+    adamw_with(model, spec, Strategy::Auto)
+}
+
+/// [`adamw`] with the update's [`Strategy`] (`Fused` panics at the first step off Flex: a
+/// check that the fused kernel is what runs).
+///
+/// # Errors
+/// As [`adamw`].
+pub fn adamw_with<M: Module>(
+    model: &M,
+    spec: &TrainSpec,
+    strategy: Strategy,
+) -> crate::Result<ModuleOptimizer> {
     let decayed = FusedAdamW {
         beta1: spec.beta1 as f32,
         beta2: spec.beta2 as f32,
         epsilon: spec.epsilon as f32,
         weight_decay: spec.weight_decay as f32,
+        strategy,
     };
     decayed
         .at(0.0, 1)
@@ -90,6 +105,8 @@ pub struct FusedAdamW {
     pub epsilon: f32,
     /// Decoupled weight decay (0: none).
     pub weight_decay: f32,
+    /// How each update is computed ([`Strategy::Auto`]: fused on Flex, the reference elsewhere).
+    pub strategy: Strategy,
 }
 
 impl FusedAdamW {
@@ -131,7 +148,7 @@ impl Optimizer for FusedAdamW {
             },
             grad,
             self.at(lr, time),
-            relation_kernels::Strategy::Auto,
+            self.strategy,
         )
         // The scalars were checked when the optimizer was built and the learning rate comes
         // from the checked schedule; Burn hands each parameter with its own gradient and state.

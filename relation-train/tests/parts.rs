@@ -2,6 +2,7 @@
 //! device names.
 
 use relation_core::Segments;
+use relation_kernels::Strategy;
 use relation_kernels::device::parse_device;
 use relation_model::RelationLmConfig;
 use relation_train::data::{
@@ -502,8 +503,9 @@ fn burns_adamw(
         )
 }
 
-/// The trainer's AdamW (one fused pass per parameter on Flex) is Burn's `AdamW` with the same
-/// groups to the bit, step after step, and each one's saved state resumes the other.
+/// The trainer's AdamW (one fused pass per parameter on Flex, forced with `Strategy::Fused` so
+/// the reference cannot stand in for it) is Burn's `AdamW` with the same groups to the bit,
+/// step after step, and each one's saved state resumes the other.
 #[test]
 fn fused_adamw_is_burns_adamw_bit_for_bit() {
     use burn::optim::GradientsParams;
@@ -532,7 +534,7 @@ fn fused_adamw_is_burns_adamw_bit_for_bit() {
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         optim.step(lr, model, grads)
     };
-    let mut ours = relation_train::optim::adamw(&model, &spec).unwrap();
+    let mut ours = relation_train::optim::adamw_with(&model, &spec, Strategy::Fused).unwrap();
     let mut burns = burns_adamw(&model, &spec);
     let (mut a, mut b) = (model.clone(), model);
     for (i, lr) in [1e-2, 3e-3, 5e-3].into_iter().enumerate() {
@@ -545,11 +547,11 @@ fn fused_adamw_is_burns_adamw_bit_for_bit() {
         );
     }
     // Each one's state resumes the other: the checkpoints are Burn's AdamW records.
-    let mut from_burns = relation_train::optim::adamw(&a, &spec)
+    let mut from_burns = relation_train::optim::adamw_with(&a, &spec, Strategy::Fused)
         .unwrap()
         .load_record(burns.to_record());
     let mut from_ours = burns_adamw(&b, &spec).load_record(ours.to_record());
-    let mut fresh = relation_train::optim::adamw(&a, &spec).unwrap();
+    let mut fresh = relation_train::optim::adamw_with(&a, &spec, Strategy::Fused).unwrap();
     let fresh = step(&mut fresh, a.clone(), 2e-3);
     let (a, b) = (
         step(&mut from_burns, a, 2e-3),
