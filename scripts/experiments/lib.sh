@@ -10,13 +10,19 @@
 # (STOP_AT=N, or a kill) and rerun at will. `ON_FINISH` (optional) names a command run with the
 # run folder after each run that finished.
 
-# Builds the binary unless BIN pins one (a copy, so that rebuilding the workspace while runs go on
-# cannot change the code under them).
+# Builds the binary unless BIN pins one, and runs a copy of it named by the commit it was built
+# from (under $RUNS/bin when RUNS is set), so that rebuilding the workspace while runs go on cannot
+# change the code under them; run_grid resumes a run with the binary that started it.
 ensure_bin() {
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/tmp/relation-target}"
   if [ -z "${BIN:-}" ]; then
     cargo build --release -p relation-train --bin relation
-    BIN="$CARGO_TARGET_DIR/release/relation"
+    local dir="${RUNS:-runs}/bin" rev
+    rev=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+    git diff --quiet HEAD -- 2>/dev/null || rev="$rev-dirty"
+    mkdir -p "$dir"
+    [ -x "$dir/relation-$rev" ] || cp "$CARGO_TARGET_DIR/release/relation" "$dir/relation-$rev"
+    BIN="$dir/relation-$rev"
   fi
 }
 
@@ -42,11 +48,14 @@ run_grid() {
       stop=()
       [ -n "${STOP_AT:-}" ] && stop=(--stop-at "$STOP_AT")
       if [ -f "$dir/checkpoints/latest" ]; then
-        echo "== $dir: resuming"
-        "$BIN" train --run-dir "$dir" --resume "${stop[@]}" --no-progress
+        local bin="$BIN"
+        [ -x "$(cat "$dir.bin" 2>/dev/null)" ] && bin=$(cat "$dir.bin")
+        echo "== $dir: resuming with $bin"
+        "$bin" train --run-dir "$dir" --resume "${stop[@]}" --no-progress
       else
         echo "== $dir: $(variant_flags "$variant") seed $seed"
         rm -rf "$dir"
+        realpath "$BIN" > "$dir.bin"
         # shellcheck disable=SC2046 # the variant's flags are words
         "$BIN" train --run-dir "$dir" $(variant_flags "$variant") --seed "$seed" \
           "${COMMON[@]}" "${stop[@]}"
