@@ -20,8 +20,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
+use relation_examples::bench::{flash, linear};
 use relation_examples::counting::Counting;
-use relation_examples::{flash_bench, linear_bench};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -37,9 +37,9 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// FlashRelation fused vs materialized vs Burn's attention (`flash_relation_bench`).
-    Flash(flash_bench::Args),
+    Flash(flash::Args),
     /// Linear Relation chunked vs recurrent vs FlashRelation (`linear_relation_bench`).
-    Linear(linear_bench::Args),
+    Linear(linear::Args),
     /// The `relation` command line (train, evaluate, generate, ...), unchanged.
     Relation {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
@@ -64,8 +64,8 @@ struct SummaryArgs {
 
 fn main() {
     match Cli::parse().command {
-        Command::Flash(args) => flash_bench::run(&args),
-        Command::Linear(args) => linear_bench::run(&args),
+        Command::Flash(args) => flash::run(&args),
+        Command::Linear(args) => linear::run(&args),
         Command::Relation { args } => {
             let cli = <relation_train::cli::Cli as Parser>::parse_from(
                 std::iter::once("relation".to_string()).chain(args),

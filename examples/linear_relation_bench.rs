@@ -1,12 +1,12 @@
-//! Linear Relation scaling benchmark: see [`relation_examples::linear_bench`] for what it measures.
+//! Linear Relation scaling benchmark: see [`relation_examples::bench::linear`] for what it measures.
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example linear_relation_bench [--features wgpu] -- --help
 //! ```
 
 use clap::Parser;
+use relation_examples::bench::linear::{Args, run};
 use relation_examples::counting::Counting;
-use relation_examples::linear_bench::{Args, run};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;

@@ -1,5 +1,5 @@
 //! Packed documents benchmark: the same documents trained through FlashRelation as a packed row
-//! (`flash_relation_packed`, `cu_seqlens`), padded to the longest document (`[N, max_len]`), and as
+//! (`FlashInputs::packed`, `cu_seqlens`), padded to the longest document (`[N, max_len]`), and as
 //! plain windows (one causal row over the documents, boundaries ignored), on one device in one
 //! run. The measure is **useful tokens per second**: document tokens (never padding) over the time
 //! of a training step (forward + backward).
@@ -23,7 +23,7 @@ use clap::Parser;
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, Segments};
 use relation_examples::{BenchArgs, device_label, ms, time_on};
-use relation_kernels::{Strategy, flash_relation, flash_relation_packed};
+use relation_kernels::{FlashInputs, Strategy, flash_relation};
 
 /// Bytes of text per token (byte-level BPE on English is about 3.5–4.5).
 const BYTES_PER_TOKEN: usize = 4;
@@ -100,23 +100,20 @@ fn main() {
         let (n, max) = (segments.count(), segments.max_len());
         let lambda = Tensor::<1>::from_data([0.5f32], &device.clone().autodiff());
         let packed = train_time(&device, iters, [1, total, h, d], &|[p1, p2, info]| {
-            flash_relation_packed(
-                p1,
-                p2,
-                info,
+            flash_relation(
+                FlashInputs::new(p1, p2, info).packed(segments.clone()),
                 lambda.clone(),
                 DEFAULT_TAU,
-                &segments,
                 Strategy::Auto,
             )
             .unwrap()
         });
-        let padded = train_time(&device, iters, [n, max, h, d], &|[p1, p2, info]| {
-            flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Auto).unwrap()
-        });
-        let windows = train_time(&device, iters, [1, total, h, d], &|[p1, p2, info]| {
-            flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Auto).unwrap()
-        });
+        let unpacked = |[p1, p2, info]: [Tensor<4>; 3]| {
+            let inputs = FlashInputs::new(p1, p2, info);
+            flash_relation(inputs, lambda.clone(), DEFAULT_TAU, Strategy::Auto).unwrap()
+        };
+        let padded = train_time(&device, iters, [n, max, h, d], &unpacked);
+        let windows = train_time(&device, iters, [1, total, h, d], &unpacked);
         for (name, seconds) in [("packed", packed), ("padded", padded), ("windows", windows)] {
             let row = format!(
                 "| {t} | {n} | {:.0} / {max} | {name} | {} | {:.0} | {:.2}x |\n",

@@ -26,7 +26,7 @@ pub mod testing;
 pub use error::{RelationError, Result};
 pub use givens::{GivensPairing, givens_mix};
 pub use linear::{
-    LinearRelationOutput, kda_log_gates, l2_normalize, naive_chunk_linear_relation,
+    LinearInputs, LinearRelationOutput, kda_log_gates, l2_normalize, naive_chunk_linear_relation,
     naive_recurrent_linear_relation,
 };
 pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_swiglu};

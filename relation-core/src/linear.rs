@@ -26,9 +26,72 @@ use burn::tensor::{Bool, Tensor, activation};
 use crate::check;
 use crate::error::{RelationError, Result};
 use crate::relation::naive_self_relation;
+use crate::segments::Segments;
 
 /// `eps` of the L2 normalisation `p / sqrt(||p||² + eps)`.
 pub const L2_NORM_EPS: f64 = 1e-6;
+
+/// The tensors Linear Relation reads, the state it starts from, and how its rows divide into
+/// sequences.
+///
+/// Unpacked (`segments: None`), the `B` rows of `[B, T, H, D]` are `B` sequences, row `b`
+/// starting from `initial_state[b]`. Packed, one `[1, total, H, D]` row holds `N` documents back
+/// to back, document `n` starting from `initial_state[n]` and ending in the output's `state[n]`,
+/// exactly as if run alone, with gradients to both: one launch covers every document, one task
+/// (Flex) or cube (CubeCL) per `(document, head)` reading only its own rows, so a row of many
+/// short documents costs what its tokens cost. As `cu_seqlens` is in flash-linear-attention. The
+/// references and the kernels (`relation_kernels::linear_relation`) take the same inputs.
+///
+/// # Shapes
+/// - `p1`, `p2`, `info`, `log_alpha` (`<= 0`): `[B, T, H, D]`, or `[1, total, H, D]` with
+///   `segments` ending at `total`
+/// - `initial_state`: `[N, H, D, D]` with `N` = `B` (unpacked) or the document count (packed);
+///   zeros when `None`
+#[derive(Debug, Clone)]
+pub struct LinearInputs {
+    /// `P1`, the queries' side.
+    pub p1: Tensor<4>,
+    /// `P2`, the keys' side.
+    pub p2: Tensor<4>,
+    /// `Ĩ`, the information written into the state.
+    pub info: Tensor<4>,
+    /// The log retention gates, `<= 0`.
+    pub log_alpha: Tensor<4>,
+    /// The state each sequence starts from.
+    pub initial_state: Option<Tensor<4>>,
+    /// The documents of a packed row; `None`: every row of the batch is one sequence.
+    pub segments: Option<Segments>,
+}
+
+impl LinearInputs {
+    /// Unpacked inputs from zero states: `B` sequences of `T` tokens.
+    pub fn new(p1: Tensor<4>, p2: Tensor<4>, info: Tensor<4>, log_alpha: Tensor<4>) -> Self {
+        Self {
+            p1,
+            p2,
+            info,
+            log_alpha,
+            initial_state: None,
+            segments: None,
+        }
+    }
+
+    /// The same inputs starting from `state` (`[N, H, D, D]`).
+    pub fn with_state(self, state: Tensor<4>) -> Self {
+        Self {
+            initial_state: Some(state),
+            ..self
+        }
+    }
+
+    /// The same tensors as one packed row of these documents.
+    pub fn packed(self, segments: Segments) -> Self {
+        Self {
+            segments: Some(segments),
+            ..self
+        }
+    }
+}
 
 /// Output of the Linear Relation references.
 #[derive(Debug, Clone)]

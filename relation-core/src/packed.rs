@@ -14,7 +14,8 @@ use burn::tensor::Tensor;
 
 use crate::error::Result;
 use crate::linear::{
-    LinearRelationOutput, naive_chunk_linear_relation, naive_recurrent_linear_relation,
+    LinearInputs, LinearRelationOutput, naive_chunk_linear_relation,
+    naive_recurrent_linear_relation,
 };
 use crate::relation::{
     FactorizedRelation, RelationStats, naive_exchange_only_relation, naive_factorized_relation,
@@ -141,28 +142,41 @@ pub enum LinearForm {
     Chunked(usize),
 }
 
-/// Linear Relation over packed segments: segment `n` starts from `initial_state[n]` (zero when
-/// `None`) and ends in `state[n]`, exactly as if run alone.
+/// Linear Relation over the sequences of `x` in `form`: over packed segments (`x.segments`),
+/// segment `n` starts from `initial_state[n]` (zero when `None`) and ends in `state[n]`, exactly
+/// as if run alone; unpacked, the batch rows are the sequences, as in the unpacked references.
 ///
 /// # Shapes
-/// - `p1`, `p2`, `info`, `log_alpha`: `[1, total, H, D]`
-/// - `initial_state`: `[N, H, D, D]`
-/// - output: `y` `[1, total, H, D]`, `state` `[N, H, D, D]`
+/// - `x`: as [`LinearInputs`]
+/// - output: `y` as `x.info`, `state` `[N, H, D, D]`
 ///
 /// # Errors
 /// As the unpacked references, plus segments that do not cover the packed rows and an
 /// `initial_state` that is not `[N, H, D, D]`.
-#[allow(clippy::too_many_arguments)] // the unpacked reference's arguments, plus segments and form
 pub fn naive_packed_linear_relation(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    log_alpha: Tensor<4>,
+    x: LinearInputs,
     tau_s: f64,
-    initial_state: Option<Tensor<4>>,
-    segments: &Segments,
     form: LinearForm,
 ) -> Result<LinearRelationOutput> {
+    let LinearInputs {
+        p1,
+        p2,
+        info,
+        log_alpha,
+        initial_state,
+        segments,
+    } = x;
+    let Some(segments) = segments else {
+        return match form {
+            LinearForm::Recurrent => {
+                naive_recurrent_linear_relation(p1, p2, info, log_alpha, tau_s, initial_state)
+            }
+            LinearForm::Chunked(c) => {
+                naive_chunk_linear_relation(p1, p2, info, log_alpha, tau_s, initial_state, c)
+            }
+        };
+    };
+    let segments = &segments;
     packed_inputs(&p1, &p2, &info, tau_s, segments)?;
     check::same_bthd("log_alpha", &log_alpha, "p1", &check::bthd("p1", &p1)?)?;
     let [_, _, h, d] = p1.dims();

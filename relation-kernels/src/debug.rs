@@ -4,64 +4,77 @@
 pub use crate::poison::poison_outputs;
 
 #[cfg(feature = "flex")]
-pub use crate::tile::flex::Triangle;
+pub use crate::flex::tile::Triangle;
 
-/// The tile product of the Flex kernels (FlashRelation's `U = P1 P2ᵀ`, `P Ĩ`, `dUᵀ P1`, …) on
-/// plain slices, for its own tests:
+/// One call of the tile product of the Flex kernels (FlashRelation's `U = P1 P2ᵀ`, `P Ĩ`,
+/// `dUᵀ P1`, …) on plain slices, for its own tests ([`TileProduct::run`]):
 ///
 /// ```text
 /// dst[m x n] = (accumulate ? dst : 0) + alpha · lhs[m x k] · rhs[k x n]
 /// ```
-///
-/// `dst` is row-major with row stride `ld_dst` (given to the kernel as one strided buffer, or
-/// with `as_rows` as one slice per row, as the kernels write `[B, T, H, D]` outputs); `lhs` is
-/// row-major with row stride `k`, or with `lhs_transposed` the transpose of a row-major `[k, m]`
-/// read in place; `rhs` is row-major with row stride `ld_rhs`; `part`: which part of a causal
-/// tile is needed (`Triangle::Full` for all of it).
-///
-/// # Panics
-/// When an extent overruns its slice.
 #[cfg(feature = "flex")]
-#[allow(clippy::too_many_arguments)]
-pub fn tile_product(
-    [m, n, k]: [usize; 3],
-    dst: &mut [f32],
-    ld_dst: usize,
-    as_rows: bool,
-    lhs: &[f32],
-    lhs_transposed: bool,
-    rhs: &[f32],
-    ld_rhs: usize,
-    alpha: f32,
-    accumulate: bool,
-    part: Triangle,
-) {
-    use crate::tile::flex::{Mat, Strided, gemm};
-    let lhs = if lhs_transposed {
-        Mat::transposed(lhs, m)
-    } else {
-        Mat::rows(lhs, k)
-    };
-    let rhs = Mat::rows(rhs, ld_rhs);
-    if as_rows {
-        let mut rows: Vec<&mut [f32]> = dst.chunks_mut(ld_dst).take(m).collect();
-        gemm(
-            m,
-            n,
-            k,
-            rows.as_mut_slice(),
-            lhs,
-            rhs,
-            alpha,
-            accumulate,
-            part,
-        );
-    } else {
-        let mut dst = Strided {
-            data: dst,
-            ld: ld_dst,
+#[derive(Debug, Clone, Copy)]
+pub struct TileProduct<'a> {
+    /// `[m, n, k]`.
+    pub dims: [usize; 3],
+    /// Row stride of the row-major `dst`.
+    pub ld_dst: usize,
+    /// Hand `dst` to the kernel as one slice per row (as the kernels write `[B, T, H, D]`
+    /// outputs) instead of one strided buffer.
+    pub as_rows: bool,
+    /// Row-major with row stride `k`, or with `lhs_transposed` the transpose of a row-major
+    /// `[k, m]` read in place.
+    pub lhs: &'a [f32],
+    /// See `lhs`.
+    pub lhs_transposed: bool,
+    /// Row-major with row stride `ld_rhs`.
+    pub rhs: &'a [f32],
+    /// Row stride of `rhs`.
+    pub ld_rhs: usize,
+    /// The product's factor.
+    pub alpha: f32,
+    /// Add to `dst` rather than overwrite it.
+    pub accumulate: bool,
+    /// Which part of a causal tile is needed (`Triangle::Full` for all of it).
+    pub part: Triangle,
+}
+
+#[cfg(feature = "flex")]
+impl TileProduct<'_> {
+    /// Runs the product into `dst`.
+    ///
+    /// # Panics
+    /// When an extent overruns its slice.
+    pub fn run(self, dst: &mut [f32]) {
+        use crate::flex::{Mat, Strided, gemm};
+        let [m, n, k] = self.dims;
+        let lhs = if self.lhs_transposed {
+            Mat::transposed(self.lhs, m)
+        } else {
+            Mat::rows(self.lhs, k)
         };
-        gemm(m, n, k, &mut dst, lhs, rhs, alpha, accumulate, part);
+        let rhs = Mat::rows(self.rhs, self.ld_rhs);
+        let (alpha, accumulate, part) = (self.alpha, self.accumulate, self.part);
+        if self.as_rows {
+            let mut rows: Vec<&mut [f32]> = dst.chunks_mut(self.ld_dst).take(m).collect();
+            gemm(
+                m,
+                n,
+                k,
+                rows.as_mut_slice(),
+                lhs,
+                rhs,
+                alpha,
+                accumulate,
+                part,
+            );
+        } else {
+            let mut dst = Strided {
+                data: dst,
+                ld: self.ld_dst,
+            };
+            gemm(m, n, k, &mut dst, lhs, rhs, alpha, accumulate, part);
+        }
     }
 }
 
@@ -83,9 +96,7 @@ pub enum Elementwise {
 /// whichever extension runs it.
 #[cfg(feature = "flex")]
 pub fn elementwise(f: Elementwise, fused: bool, xs: &mut [f32]) {
-    use crate::tile::flex::{
-        Fused, MulAdd, Unfused, Vectorized, exp, sigmoid, silu, vectorized_as,
-    };
+    use crate::flex::{Fused, MulAdd, Unfused, Vectorized, exp, sigmoid, silu, vectorized_as};
     struct Apply<'a>(Elementwise, &'a mut [f32]);
     impl Vectorized for Apply<'_> {
         type Output = ();

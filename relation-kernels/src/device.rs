@@ -168,3 +168,16 @@ fn host_rounds_to_bf16() -> bool {
         true
     }
 }
+
+/// Threads the CPU kernels (and Flex's own operations) run on: the size of the current rayon
+/// pool, which is every core unless `RAYON_NUM_THREADS` or an installed pool says otherwise.
+pub fn cpu_threads() -> usize {
+    #[cfg(feature = "flex")]
+    {
+        rayon::current_num_threads()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}

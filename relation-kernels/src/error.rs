@@ -74,6 +74,15 @@ pub enum KernelError {
         /// The text that was given.
         given: String,
     },
+    /// An input an operation needs is missing, or one it cannot take was given (e.g. a decoding
+    /// step without a state, or over a packed row).
+    #[error("`{op}`: {what}")]
+    BadInputs {
+        /// The operation.
+        op: &'static str,
+        /// What is missing or not allowed.
+        what: &'static str,
+    },
 }
 
 /// Result alias of this crate.

@@ -13,7 +13,7 @@ use burn::backend::{Backend, backend_extension, tensor::FloatTensor};
 
 use relation_core::Segments;
 
-use crate::LinearRelationMode;
+use crate::linear_relation::mode::LinearRelationMode;
 
 /// Relation operations that have a fused kernel.
 ///

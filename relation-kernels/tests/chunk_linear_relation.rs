@@ -21,7 +21,7 @@ use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::{Check, assert_close, tolerance};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput};
 use relation_kernels::{
-    CHUNK_SIZES, KernelError, Strategy, chunk_linear_relation, debug,
+    CHUNK_SIZES, KernelError, LinearInputs, Strategy, chunk_linear_relation, debug,
     fused_recurrent_linear_relation, linear_relation_step,
 };
 
@@ -29,18 +29,7 @@ use crate::common::{assert_path, devices};
 use crate::linear_relation::{LinearCase, On, case, check_against_reference, reference};
 
 fn run(x: &On, chunk: usize, strategy: Strategy) -> LinearRelationOutput {
-    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-    chunk_linear_relation(
-        p1,
-        p2,
-        info,
-        gates,
-        DEFAULT_TAU,
-        x.state.clone(),
-        chunk,
-        strategy,
-    )
-    .unwrap()
+    chunk_linear_relation(x.linear_inputs(), DEFAULT_TAU, chunk, strategy).unwrap()
 }
 
 /// Forward (and, when `grads`, every gradient) of the chunked kernel against the token loop.
@@ -164,17 +153,9 @@ device_tests! {
         let tol = tolerance(DType::F32, Check::Forward);
         let c = case([1, 100, 2, 60], 34, (-1.0, 0.0), true, DType::F32);
         let x = c.on(&device, DType::F32, false);
-        let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-        let recurrent = fused_recurrent_linear_relation(
-            p1,
-            p2,
-            info,
-            gates,
-            DEFAULT_TAU,
-            x.state.clone(),
-            Strategy::Fused,
-        )
-        .unwrap();
+        let recurrent =
+            fused_recurrent_linear_relation(x.linear_inputs(), DEFAULT_TAU, Strategy::Fused)
+                .unwrap();
         for &chunk in CHUNK_SIZES {
             let out = run(&x, chunk, Strategy::Fused);
             assert_close(&format!("chunk {chunk} Y"), &out.y, &recurrent.y, tol);
@@ -201,26 +182,25 @@ device_tests! {
         };
 
         // x1 then x2 from the carried state == x1 ++ x2 (split inside a chunk).
-        let [p1, p2, info, gates] = part(0, split);
+        let [p1, p2, info, log_alpha] = part(0, split);
         let first = chunk_linear_relation(
-            p1,
-            p2,
-            info,
-            gates,
+            LinearInputs {
+                p1,
+                p2,
+                info,
+                log_alpha,
+                initial_state: x.state.clone(),
+                segments: None,
+            },
             DEFAULT_TAU,
-            x.state.clone(),
             32,
             Strategy::Fused,
         )
         .unwrap();
         let [p1, p2, info, gates] = part(split, seq - split);
         let second = chunk_linear_relation(
-            p1,
-            p2,
-            info,
-            gates,
+            LinearInputs::new(p1, p2, info, gates).with_state(first.state.clone()),
             DEFAULT_TAU,
-            Some(first.state.clone()),
             16,
             Strategy::Fused,
         )
@@ -239,12 +219,8 @@ device_tests! {
         for t in split..seq {
             let [p1, p2, info, gates] = part(t, 1);
             let out = linear_relation_step(
-                p1,
-                p2,
-                info,
-                gates,
+                LinearInputs::new(p1, p2, info, gates).with_state(state),
                 DEFAULT_TAU,
-                state,
                 Strategy::Fused,
             )
             .unwrap();
@@ -262,10 +238,8 @@ fn chunk_size_is_validated_on_every_device() {
     for device in devices() {
         let x = c.on(&device, DType::F32, false);
         for bad in [0, 8, 48, 128] {
-            let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-            let err =
-                chunk_linear_relation(p1, p2, info, gates, DEFAULT_TAU, None, bad, Strategy::Auto)
-                    .unwrap_err();
+            let err = chunk_linear_relation(x.linear_inputs(), DEFAULT_TAU, bad, Strategy::Auto)
+                .unwrap_err();
             assert_eq!(
                 err,
                 KernelError::UnsupportedChunkSize {

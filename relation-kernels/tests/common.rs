@@ -2,7 +2,7 @@
 
 use burn::tensor::{Device, Tensor, TensorData};
 use relation_core::DEFAULT_TAU;
-use relation_kernels::{Strategy, flash_relation};
+use relation_kernels::{FlashInputs, Strategy, flash_relation};
 
 /// Flex, whose fused CPU kernels every test runs on.
 pub fn flex() -> Device {
@@ -190,7 +190,7 @@ macro_rules! bf16_device_tests {
 /// that failed to load would panic on the device's server thread instead).
 pub fn assert_bf16_refused(device: &Device) {
     use relation_kernels::{
-        KernelError, LinearRelationMode, chunk_linear_relation, linear_relation,
+        KernelError, LinearInputs, LinearRelationMode, chunk_linear_relation, linear_relation,
         linear_relation_step,
     };
     // [B, T, H, D] inputs; the decoding state is [B, H, D, D].
@@ -208,31 +208,33 @@ pub fn assert_bf16_refused(device: &Device) {
         other => panic!("{what}: expected DtypeUnavailable for bf16 on {device:?}, got {other:?}"),
     };
     for strategy in [Strategy::Auto, Strategy::Fused, Strategy::Reference] {
-        let flash = flash_relation(x(), x(), x(), lambda.clone(), DEFAULT_TAU, strategy);
+        let flash = flash_relation(
+            FlashInputs::new(x(), x(), x()),
+            lambda.clone(),
+            DEFAULT_TAU,
+            strategy,
+        );
         refused(&format!("flash_relation {strategy:?}"), flash.err());
         let gates = tensor(dims, |_| -0.1);
         let recurrent = linear_relation(
-            x(),
-            x(),
-            x(),
-            gates.clone(),
+            LinearInputs::new(x(), x(), x(), gates.clone()),
             DEFAULT_TAU,
-            None,
             LinearRelationMode::Recurrent,
             strategy,
         );
         refused(&format!("linear_relation {strategy:?}"), recurrent.err());
         let step = linear_relation_step(
-            x(),
-            x(),
-            x(),
-            gates.clone(),
+            LinearInputs::new(x(), x(), x(), gates.clone()).with_state(tensor(state_dims, |_| 0.0)),
             DEFAULT_TAU,
-            tensor(state_dims, |_| 0.0),
             strategy,
         );
         refused(&format!("linear_relation_step {strategy:?}"), step.err());
-        let chunked = chunk_linear_relation(x(), x(), x(), gates, DEFAULT_TAU, None, 16, strategy);
+        let chunked = chunk_linear_relation(
+            LinearInputs::new(x(), x(), x(), gates),
+            DEFAULT_TAU,
+            16,
+            strategy,
+        );
         refused(
             &format!("chunk_linear_relation {strategy:?}"),
             chunked.err(),
@@ -249,9 +251,7 @@ pub fn flash_outputs_and_grads(
     weights: &Tensor<4>,
 ) -> Vec<TensorData> {
     let y = flash_relation(
-        p1.clone(),
-        p2.clone(),
-        info.clone(),
+        FlashInputs::new(p1.clone(), p2.clone(), info.clone()),
         lambda.clone(),
         DEFAULT_TAU,
         Strategy::Fused,
@@ -269,7 +269,7 @@ pub fn flash_outputs_and_grads(
 /// The kernel choices (`(op, path)`, path `"fused"` or `"reference"`) that the entry points
 /// report while `f` runs on this thread: read from the `tracing` event of `Strategy`'s decision
 /// through a subscriber scoped to this call, so other tests running concurrently cannot affect
-/// what one test sees (unlike the process-wide launch counters).
+/// what one test sees (unlike a process-wide counter).
 pub fn kernel_choices<R>(f: impl FnOnce() -> R) -> (R, Vec<(String, String)>) {
     use std::sync::{Arc, Mutex};
     use tracing::field::{Field, Visit};

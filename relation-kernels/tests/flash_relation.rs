@@ -7,7 +7,8 @@ use relation_core::{
     DEFAULT_TAU, naive_exchange_only_relation, naive_factorized_relation, naive_parallel_relation,
 };
 use relation_kernels::{
-    KernelError, Strategy, debug, flash_exchange_only, flash_relation, flash_relation_with_stats,
+    FlashInputs, KernelError, Strategy, debug, flash_exchange_only, flash_relation,
+    flash_relation_with_stats,
 };
 
 use crate::common::{assert_path, devices, flash_outputs_and_grads, to_flex};
@@ -104,8 +105,13 @@ fn check_case(device: &Device, dims: [usize; 4], dtype: DType, seed: u64, scale:
     // Forward and statistics.
     let x = c.on(device, dtype, false);
     let fused = assert_path(&what, "fused", || {
-        flash_relation_with_stats(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU, Strategy::Fused)
-            .unwrap()
+        flash_relation_with_stats(
+            FlashInputs::new(x.p1, x.p2, x.info),
+            x.lambda,
+            DEFAULT_TAU,
+            Strategy::Fused,
+        )
+        .unwrap()
     });
     let r = c.on(&flex, DType::F32, false);
     let reference = naive_factorized_relation(r.p1, r.p2, r.info, r.lambda, DEFAULT_TAU).unwrap();
@@ -134,9 +140,7 @@ fn check_case(device: &Device, dims: [usize; 4], dtype: DType, seed: u64, scale:
     // The fused forward registers the fused backward: one choice decides both.
     let y = assert_path(&what, "fused", || {
         flash_relation(
-            x.p1.clone(),
-            x.p2.clone(),
-            x.info.clone(),
+            FlashInputs::new(x.p1.clone(), x.p2.clone(), x.info.clone()),
             x.lambda.clone(),
             DEFAULT_TAU,
             Strategy::Fused,
@@ -178,10 +182,7 @@ fn check_exchange_only(device: &Device, dims: [usize; 4], dtype: DType, seed: u6
     let x = c.on(&device.clone().autodiff(), dtype, true);
     let y = assert_path(&what, "fused", || {
         flash_exchange_only(
-            x.p1.clone(),
-            x.p2.clone(),
-            x.info.clone(),
-            None,
+            FlashInputs::new(x.p1.clone(), x.p2.clone(), x.info.clone()),
             Strategy::Fused,
         )
         .unwrap()
@@ -204,14 +205,13 @@ fn check_exchange_only(device: &Device, dims: [usize; 4], dtype: DType, seed: u6
     let pack = |x: Tensor<4>| x.reshape([1, b * t, h, d]);
     let segments = relation_core::Segments::from_lengths(&vec![t; b]).unwrap();
     let packed = flash_exchange_only(
-        pack(x.p1.clone()),
-        pack(x.p2.clone()),
-        pack(x.info.clone()),
-        Some(&segments),
+        FlashInputs::new(pack(x.p1.clone()), pack(x.p2.clone()), pack(x.info.clone()))
+            .packed(segments),
         Strategy::Fused,
     )
     .unwrap();
-    let unpacked = flash_exchange_only(x.p1, x.p2, x.info, None, Strategy::Fused).unwrap();
+    let unpacked =
+        flash_exchange_only(FlashInputs::new(x.p1, x.p2, x.info), Strategy::Fused).unwrap();
     assert_eq!(
         packed.into_data(),
         pack(unpacked).into_data(),
@@ -301,7 +301,8 @@ device_tests! {
             )
         };
         let run = |p1, p2, info| {
-            flash_relation(p1, p2, info, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap()
+            let x = FlashInputs::new(p1, p2, info);
+            flash_relation(x, lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap()
         };
         let before = run(p1.clone(), p2.clone(), info.clone());
         let after = run(splice(&p1), splice(&p2), splice(&info));
@@ -326,9 +327,7 @@ fn flash_relation_auto_on_flex_runs_the_kernel_and_limits_are_typed() {
     let x = c.on(&flex, DType::F32, false);
     let auto = assert_path("Auto on Flex", "fused", || {
         flash_relation(
-            x.p1.clone(),
-            x.p2.clone(),
-            x.info.clone(),
+            FlashInputs::new(x.p1.clone(), x.p2.clone(), x.info.clone()),
             x.lambda.clone(),
             DEFAULT_TAU,
             Strategy::Auto,
@@ -354,9 +353,7 @@ fn flash_relation_auto_on_flex_runs_the_kernel_and_limits_are_typed() {
         let big = uniform([1, 4, 1, 300], 1, 1.0, &device, DType::F32);
         let lambda = Tensor::<1>::from_data([0.5f32], &device);
         let err = flash_relation(
-            big.clone(),
-            big.clone(),
-            big,
+            FlashInputs::new(big.clone(), big.clone(), big),
             lambda,
             DEFAULT_TAU,
             Strategy::Fused,

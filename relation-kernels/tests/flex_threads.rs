@@ -2,9 +2,9 @@
 //! runs a fixed order of operations, whatever the pool size.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
-use relation_core::DEFAULT_TAU;
 use relation_core::testing::uniform;
-use relation_kernels::{Strategy, chunk_linear_relation};
+use relation_core::{DEFAULT_TAU, RopePositions};
+use relation_kernels::{LinearInputs, Strategy, chunk_linear_relation};
 
 use crate::common::flash_outputs_and_grads;
 
@@ -37,12 +37,9 @@ fn linear_run() -> Vec<TensorData> {
     let gates = (uniform(dims, 4, 0.5, &device, DType::F32) - 0.5).require_grad();
     let state = uniform([2, 4, 60, 60], 5, 0.5, &device, DType::F32).require_grad();
     let out = chunk_linear_relation(
-        p1.clone(),
-        p2.clone(),
-        info.clone(),
-        gates.clone(),
+        LinearInputs::new(p1.clone(), p2.clone(), info.clone(), gates.clone())
+            .with_state(state.clone()),
         DEFAULT_TAU,
-        Some(state.clone()),
         64,
         Strategy::Fused,
     )
@@ -82,7 +79,8 @@ fn lm_run() -> Vec<TensorData> {
     let normed =
         relation_kernels::rms_norm(h.clone(), gamma.clone(), 1e-6, Strategy::Fused).unwrap();
     let p = uniform([2, 300, 8, 48], 6, 2.0, &device, DType::F32).require_grad();
-    let rotated = relation_kernels::rope(p.clone(), 7, 1e4, Strategy::Fused).unwrap();
+    let positions = RopePositions::From(7);
+    let rotated = relation_kernels::rope(p.clone(), &positions, 1e4, Strategy::Fused).unwrap();
     let grads = ((y.clone() * y.clone()).sum()
         + nll.clone().sum()
         + (rotated.clone() * rotated.clone()).sum()

@@ -4,7 +4,9 @@
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{DEFAULT_TAU, LinearRelationOutput, naive_recurrent_linear_relation};
-use relation_kernels::{Strategy, debug, fused_recurrent_linear_relation, linear_relation_step};
+use relation_kernels::{
+    LinearInputs, Strategy, debug, fused_recurrent_linear_relation, linear_relation_step,
+};
 
 use crate::common::{assert_path, to_flex};
 
@@ -47,6 +49,21 @@ pub(crate) struct On {
     pub(crate) state: Option<Tensor<4>>,
 }
 
+impl On {
+    /// The entry points' inputs: clones of `inputs` (`[p1, p2, info, log_alpha]`) and of `state`.
+    pub(crate) fn linear_inputs(&self) -> LinearInputs {
+        let [p1, p2, info, log_alpha] = [0, 1, 2, 3].map(|i| self.inputs[i].clone());
+        LinearInputs {
+            p1,
+            p2,
+            info,
+            log_alpha,
+            initial_state: self.state.clone(),
+            segments: None,
+        }
+    }
+}
+
 impl Case {
     pub(crate) fn on(&self, device: &Device, dtype: DType, grad: bool) -> On {
         let t = |d: &TensorData| {
@@ -72,9 +89,7 @@ impl Case {
 }
 
 fn run(x: &On, strategy: Strategy) -> LinearRelationOutput {
-    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
-    fused_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, x.state.clone(), strategy)
-        .unwrap()
+    fused_recurrent_linear_relation(x.linear_inputs(), DEFAULT_TAU, strategy).unwrap()
 }
 
 pub(crate) fn reference(x: &On) -> LinearRelationOutput {
@@ -237,25 +252,24 @@ device_tests! {
         };
 
         // x1 then x2 from the carried state == x1 ++ x2.
-        let [p1, p2, info, gates] = part(0, split);
+        let [p1, p2, info, log_alpha] = part(0, split);
         let first = fused_recurrent_linear_relation(
-            p1,
-            p2,
-            info,
-            gates,
+            LinearInputs {
+                p1,
+                p2,
+                info,
+                log_alpha,
+                initial_state: x.state.clone(),
+                segments: None,
+            },
             DEFAULT_TAU,
-            x.state.clone(),
             Strategy::Fused,
         )
         .unwrap();
         let [p1, p2, info, gates] = part(split, seq - split);
         let second = fused_recurrent_linear_relation(
-            p1,
-            p2,
-            info,
-            gates,
+            LinearInputs::new(p1, p2, info, gates).with_state(first.state.clone()),
             DEFAULT_TAU,
-            Some(first.state.clone()),
             Strategy::Fused,
         )
         .unwrap();
@@ -272,8 +286,8 @@ device_tests! {
         let mut ys = vec![first.y];
         for t in split..seq {
             let [p1, p2, info, gates] = part(t, 1);
-            let out =
-                linear_relation_step(p1, p2, info, gates, DEFAULT_TAU, state, Strategy::Fused).unwrap();
+            let inputs = LinearInputs::new(p1, p2, info, gates).with_state(state);
+            let out = linear_relation_step(inputs, DEFAULT_TAU, Strategy::Fused).unwrap();
             ys.push(out.y);
             state = out.state;
         }

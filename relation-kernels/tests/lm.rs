@@ -6,8 +6,8 @@ use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::RelationError;
 use relation_core::testing::{Check, Tol, assert_close, tolerance, uniform};
 use relation_core::{
-    AdamWState, AdamWStep, WeightLayout, naive_adamw, naive_cross_entropy, naive_dense,
-    naive_rms_norm, naive_rope, naive_swiglu,
+    AdamWState, AdamWStep, RopePositions, WeightLayout, naive_adamw, naive_cross_entropy,
+    naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
 };
 use relation_kernels::{
     KernelError, Strategy, adamw, cross_entropy, debug, dense, rms_norm, rope, swiglu,
@@ -233,7 +233,13 @@ fn check_rope(dims: [usize; 4], offset: usize, dtype: DType) {
     let device = flex().autodiff();
     let xt = on::<4>(&x, &device, dtype, true);
     let y = assert_path(&what, "fused", || {
-        rope(xt.clone(), offset, 1e4, Strategy::Fused).unwrap()
+        rope(
+            xt.clone(),
+            &RopePositions::From(offset),
+            1e4,
+            Strategy::Fused,
+        )
+        .unwrap()
     });
     let grads = (y.clone() * on::<4>(&r, &device, dtype, false))
         .sum()
@@ -265,7 +271,7 @@ fn rope_forward_is_the_reference_bit_for_bit_and_its_inverse_undoes_it() {
     // Same angle table, same products in the same order: f32 equal bits, not just close.
     let device = flex();
     let x = uniform([2, 33, 3, 48], 41, 2.0, &device, DType::F32);
-    let fused = rope(x.clone(), 9, 1e4, Strategy::Fused).unwrap();
+    let fused = rope(x.clone(), &RopePositions::From(9), 1e4, Strategy::Fused).unwrap();
     let reference = naive_rope(x.clone(), 9, 1e4).unwrap();
     assert_eq!(fused.to_data(), reference.to_data());
     // The backward's rotation by -φ applied to the output gives the input back.
@@ -283,7 +289,13 @@ fn rope_forward_is_the_reference_bit_for_bit_and_its_inverse_undoes_it() {
 fn rope_grad_of(y: Tensor<4>, offset: usize) -> Tensor<4> {
     let device = flex().autodiff();
     let z = Tensor::<4>::zeros(y.dims(), &device).require_grad();
-    let out = rope(z.clone(), offset, 1e4, Strategy::Fused).unwrap();
+    let out = rope(
+        z.clone(),
+        &RopePositions::From(offset),
+        1e4,
+        Strategy::Fused,
+    )
+    .unwrap();
     let grads = (out * Tensor::<4>::from_data(y.into_data(), &device))
         .sum()
         .backward();
@@ -446,14 +458,14 @@ fn lm_ops_refuse_bad_inputs() {
         ));
         let odd = uniform([1, 4, 2, 7], 1, 1.0, &device, DType::F32);
         assert!(matches!(
-            rope(odd, 0, 1e4, strategy),
+            rope(odd, &RopePositions::From(0), 1e4, strategy),
             Err(KernelError::Invalid(RelationError::OddHeadDim {
                 head_dim: 7
             }))
         ));
         let even = uniform([1, 4, 2, 8], 1, 1.0, &device, DType::F32);
         assert!(matches!(
-            rope(even, 0, 0.5, strategy),
+            rope(even, &RopePositions::From(0), 0.5, strategy),
             Err(KernelError::Invalid(RelationError::InvalidRopeBase { .. }))
         ));
         let err = swiglu(
@@ -513,10 +525,10 @@ fn lm_ops_use_the_reference_on(device: Device) {
         &to_flex(naive_rms_norm(x.clone(), gamma, 1e-6).unwrap()),
         tolerance(DType::F32, Check::Forward),
     );
-    assert!(rope(x.clone(), 3, 1e4, Strategy::Fused).is_err());
+    assert!(rope(x.clone(), &RopePositions::From(3), 1e4, Strategy::Fused).is_err());
     assert_close(
         &format!("rope on {device:?}"),
-        &to_flex(rope(x.clone(), 3, 1e4, Strategy::Auto).unwrap()),
+        &to_flex(rope(x.clone(), &RopePositions::From(3), 1e4, Strategy::Auto).unwrap()),
         &to_flex(naive_rope(x, 3, 1e4).unwrap()),
         tolerance(DType::F32, Check::Forward),
     );

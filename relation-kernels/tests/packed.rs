@@ -5,13 +5,13 @@
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
 use relation_core::{
-    DEFAULT_TAU, LinearForm, RelationError, Segments, naive_packed_factorized_relation,
-    naive_packed_linear_relation, naive_packed_relation, naive_packed_rope,
+    DEFAULT_TAU, LinearForm, RelationError, RopePositions, Segments,
+    naive_packed_factorized_relation, naive_packed_linear_relation, naive_packed_relation,
+    naive_packed_rope,
 };
 use relation_kernels::{
-    KernelError, LinearRelationMode, Strategy, debug, flash_relation, flash_relation_packed,
-    flash_relation_packed_with_stats, flash_relation_with_stats, linear_relation_packed,
-    rope_packed,
+    FlashInputs, KernelError, LinearInputs, LinearRelationMode, Strategy, debug, flash_relation,
+    flash_relation_with_stats, linear_relation, rope,
 };
 
 use crate::common::{assert_path, flex, kernel_choices, to_flex};
@@ -62,13 +62,10 @@ fn outputs_and_grads(
     let lambda = Tensor::<1>::from_data(x.lambda.to_data(), (&ad, DType::F32)).require_grad();
     let weights = Tensor::<4>::from_data(x.weights.to_data(), (&ad, x.weights.dtype()));
     let y = if packed_call {
-        flash_relation_packed(
-            p1.clone(),
-            p2.clone(),
-            info.clone(),
+        flash_relation(
+            FlashInputs::new(p1.clone(), p2.clone(), info.clone()).packed(segments.clone()),
             lambda.clone(),
             DEFAULT_TAU,
-            segments,
             Strategy::Auto,
         )
         .unwrap()
@@ -77,9 +74,7 @@ fn outputs_and_grads(
             .bounds()
             .map(|seg| {
                 flash_relation(
-                    rows(&p1, seg),
-                    rows(&p2, seg),
-                    rows(&info, seg),
+                    FlashInputs::new(rows(&p1, seg), rows(&p2, seg), rows(&info, seg)),
                     lambda.clone(),
                     DEFAULT_TAU,
                     Strategy::Auto,
@@ -113,13 +108,10 @@ fn check_packed(device: &Device, lengths: &[usize], h: usize, d: usize, dtype: D
     let x = packed(device, total, h, d, dtype, seed);
     // Every device with kernels runs them on packed rows.
     let got = assert_path(&what, "fused", || {
-        flash_relation_packed_with_stats(
-            x.p1.clone(),
-            x.p2.clone(),
-            x.info.clone(),
+        flash_relation_with_stats(
+            FlashInputs::new(x.p1.clone(), x.p2.clone(), x.info.clone()).packed(segments.clone()),
             x.lambda.clone(),
             DEFAULT_TAU,
-            &segments,
             Strategy::Auto,
         )
         .unwrap()
@@ -128,9 +120,7 @@ fn check_packed(device: &Device, lengths: &[usize], h: usize, d: usize, dtype: D
         .bounds()
         .map(|seg| {
             flash_relation_with_stats(
-                rows(&x.p1, seg),
-                rows(&x.p2, seg),
-                rows(&x.info, seg),
+                FlashInputs::new(rows(&x.p1, seg), rows(&x.p2, seg), rows(&x.info, seg)),
                 x.lambda.clone(),
                 DEFAULT_TAU,
                 Strategy::Auto,
@@ -322,13 +312,15 @@ device_tests! {
         // One segment: the same kernels as the unpacked call, bit for bit.
         let x = packed(&device, 130, 2, 48, DType::F32, 6);
         let segments = Segments::whole(130).unwrap();
-        let packed = flash_relation_packed(
-            x.p1.clone(), x.p2.clone(), x.info.clone(), x.lambda.clone(),
-            DEFAULT_TAU, &segments, Strategy::Auto,
+        let packed = flash_relation(
+            FlashInputs::new(x.p1.clone(), x.p2.clone(), x.info.clone()).packed(segments),
+            x.lambda.clone(), DEFAULT_TAU, Strategy::Auto,
         )
         .unwrap();
-        let unpacked =
-            flash_relation(x.p1, x.p2, x.info, x.lambda, DEFAULT_TAU, Strategy::Auto).unwrap();
+        let unpacked = flash_relation(
+            FlashInputs::new(x.p1, x.p2, x.info), x.lambda, DEFAULT_TAU, Strategy::Auto,
+        )
+        .unwrap();
         assert_eq!(packed.to_data(), unpacked.to_data());
     }
 }
@@ -337,8 +329,9 @@ device_tests! {
     fn packed_flash_relation_refuses_bad_segments(device) {
         let x = packed(&device, 10, 2, 48, DType::F32, 7);
         let call = |segments: &Segments, p1: Tensor<4>| {
-            flash_relation_packed(p1, x.p2.clone(), x.info.clone(), x.lambda.clone(),
-                DEFAULT_TAU, segments, Strategy::Auto)
+            let inputs = FlashInputs::new(p1, x.p2.clone(), x.info.clone());
+            flash_relation(inputs.packed(segments.clone()), x.lambda.clone(), DEFAULT_TAU,
+                Strategy::Auto)
         };
         // Offsets that end before the packed length.
         let short = Segments::new(&[0, 4, 9], 9).unwrap();
@@ -350,12 +343,14 @@ device_tests! {
         // A batch of two rows is not a packed input.
         let two = Tensor::cat(vec![x.p1.clone(), x.p1.clone()], 0);
         let segments = Segments::new(&[0, 4, 10], 10).unwrap();
-        let err = flash_relation_packed(two.clone(), two.clone(), two, x.lambda.clone(),
-            DEFAULT_TAU, &segments, Strategy::Auto).unwrap_err();
+        let inputs = FlashInputs::new(two.clone(), two.clone(), two).packed(segments.clone());
+        let err =
+            flash_relation(inputs, x.lambda.clone(), DEFAULT_TAU, Strategy::Auto).unwrap_err();
         assert!(matches!(err, KernelError::Invalid(RelationError::ShapeMismatch { .. })), "{err}");
         // Every device with kernels has them for packed rows.
-        flash_relation_packed(x.p1.clone(), x.p2.clone(), x.info.clone(),
-            x.lambda.clone(), DEFAULT_TAU, &segments, Strategy::Fused).unwrap();
+        let inputs = FlashInputs::new(x.p1.clone(), x.p2.clone(), x.info.clone())
+            .packed(segments.clone());
+        flash_relation(inputs, x.lambda.clone(), DEFAULT_TAU, Strategy::Fused).unwrap();
         // Device offsets are read back once and checked like host ones.
         let cu = Tensor::<1, Int>::from_data(TensorData::new(vec![0i64, 4, 10], [3]), &device);
         assert_eq!(Segments::from_tensor(&cu, &x.p1, 10).unwrap(), segments);
@@ -443,31 +438,13 @@ fn check_linear_packed(device: &Device, lengths: &[usize], mode: LinearRelationM
             t(&gates),
             t(&h0),
         );
+        let x = LinearInputs::new(p1.clone(), p2.clone(), info.clone(), g.clone())
+            .with_state(s0.clone())
+            .packed(segments.clone());
         let out = if packed_kernel {
-            linear_relation_packed(
-                p1.clone(),
-                p2.clone(),
-                info.clone(),
-                g.clone(),
-                DEFAULT_TAU,
-                Some(s0.clone()),
-                &segments,
-                mode,
-                Strategy::Auto,
-            )
-            .unwrap()
+            linear_relation(x, DEFAULT_TAU, mode, Strategy::Auto).unwrap()
         } else {
-            naive_packed_linear_relation(
-                p1.clone(),
-                p2.clone(),
-                info.clone(),
-                g.clone(),
-                DEFAULT_TAU,
-                Some(s0.clone()),
-                &segments,
-                LinearForm::Chunked(5),
-            )
-            .unwrap()
+            naive_packed_linear_relation(x, DEFAULT_TAU, LinearForm::Chunked(5)).unwrap()
         };
         let loss = (out.y.clone() * Tensor::from_data(weights.clone(), &ad)).sum()
             + (out.state.clone() * Tensor::from_data(state_weights.clone(), &ad)).sum();
@@ -577,24 +554,18 @@ fn check_linear_alone(
             let part = |x: &Tensor<4>| seg.map_or_else(|| x.clone(), |seg| rows(x, seg));
             let state = seg.map_or_else(|| s0.clone(), |_| s0.clone().narrow(0, n, 1));
             let run = || match seg {
-                None => linear_relation_packed(
-                    p1.clone(),
-                    p2.clone(),
-                    info.clone(),
-                    g.clone(),
+                None => linear_relation(
+                    LinearInputs::new(p1.clone(), p2.clone(), info.clone(), g.clone())
+                        .with_state(state.clone())
+                        .packed(segments.clone()),
                     DEFAULT_TAU,
-                    Some(state.clone()),
-                    &segments,
                     mode,
                     Strategy::Auto,
                 ),
-                Some(_) => relation_kernels::linear_relation(
-                    part(&p1),
-                    part(&p2),
-                    part(&info),
-                    part(&g),
+                Some(_) => linear_relation(
+                    LinearInputs::new(part(&p1), part(&p2), part(&info), part(&g))
+                        .with_state(state.clone()),
                     DEFAULT_TAU,
-                    Some(state.clone()),
                     mode,
                     Strategy::Auto,
                 ),
@@ -687,17 +658,17 @@ device_tests! {
         let x = |seed| uniform([1, n, 1, 16], seed, 1.0, &device, DType::F32);
         let (p1, p2, info) = (x(41), x(42), x(43));
         let g = x(44).abs().neg();
-        let out = linear_relation_packed(
-            p1.clone(), p2.clone(), info.clone(), g.clone(), DEFAULT_TAU, None, &segments,
-            LinearRelationMode::Recurrent, Strategy::Auto,
+        let out = linear_relation(
+            LinearInputs::new(p1.clone(), p2.clone(), info.clone(), g.clone()).packed(segments),
+            DEFAULT_TAU, LinearRelationMode::Recurrent, Strategy::Auto,
         )
         .unwrap();
         assert_eq!(out.y.to_data(), info.to_data(), "y of one-token segments");
         for i in [0, 32_767, 32_768, n - 1] {
             let seg = (i, i + 1);
-            let alone = relation_kernels::linear_relation(
-                rows(&p1, seg), rows(&p2, seg), rows(&info, seg), rows(&g, seg), DEFAULT_TAU,
-                None, LinearRelationMode::Recurrent, Strategy::Auto,
+            let alone = linear_relation(
+                LinearInputs::new(rows(&p1, seg), rows(&p2, seg), rows(&info, seg), rows(&g, seg)),
+                DEFAULT_TAU, LinearRelationMode::Recurrent, Strategy::Auto,
             )
             .unwrap();
             assert_eq!(
@@ -719,7 +690,8 @@ device_tests! {
         let weights = uniform([1, total, 2, 48], 22, 1.0, &Device::flex(), DType::F32);
         let ad = device.clone().autodiff();
         let xt = Tensor::<4>::from_data(x.clone(), &ad).require_grad();
-        let y = rope_packed(xt.clone(), &segments, 1e4, Strategy::Auto).unwrap();
+        let positions = RopePositions::Packed(segments.clone());
+        let y = rope(xt.clone(), &positions, 1e4, Strategy::Auto).unwrap();
         let grads = (y.clone() * Tensor::from_data(weights.clone().into_data(), &ad)).sum().backward();
         let reference = naive_packed_rope(Tensor::from_data(x.clone(), &Device::flex()), &segments, 1e4).unwrap();
         let tol = tolerance(DType::F32, Check::Forward);

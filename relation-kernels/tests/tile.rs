@@ -1,4 +1,4 @@
-//! The tile product behind the Flex kernels (`debug::tile_product`) against a plain f64 triple
+//! The tile product behind the Flex kernels (`debug::TileProduct`) against a plain f64 triple
 //! loop: every register-block shape and tail (rows 1…6 past the last strip of 6, columns past
 //! the last one and two vectors), both `lhs` layouts, both destination forms, `alpha`,
 //! accumulate vs overwrite, and the causal parts of a diagonal tile (`Triangle`). Elements
@@ -8,7 +8,7 @@
 //! Beside it, the kernels' element-wise `exp`, `sigmoid` and `SiLU` (`debug::elementwise`) against
 //! f64.
 
-use relation_kernels::debug::{Triangle, tile_product};
+use relation_kernels::debug::{TileProduct, Triangle};
 
 /// A deterministic value in [-1, 1) for index `i` of stream `seed`.
 fn value(seed: u64, i: usize) -> f32 {
@@ -87,19 +87,19 @@ fn tile_product_matches_a_plain_product() {
                         let mut outs = Vec::new();
                         for as_rows in [false, true] {
                             let mut dst = start.clone();
-                            tile_product(
-                                [m, n, k],
-                                &mut dst,
+                            TileProduct {
+                                dims: [m, n, k],
                                 ld_dst,
                                 as_rows,
-                                &lhs,
+                                lhs: &lhs,
                                 lhs_transposed,
-                                &rhs,
+                                rhs: &rhs,
                                 ld_rhs,
                                 alpha,
                                 accumulate,
                                 part,
-                            );
+                            }
+                            .run(&mut dst);
                             for r in 0..m {
                                 for c in 0..ld_dst {
                                     let got = dst[r * ld_dst + c];

@@ -11,7 +11,7 @@ use burn::backend::{
     tensor::FloatTensor,
 };
 
-use crate::RelationOps;
+use crate::ops::RelationOps;
 use crate::ops::{FlashArgs, FlashForward, FlashGrads, FlashParams, FlashSaved};
 
 /// The fused backward: [`RelationOps::flash_relation_bwd`] from the saved `(Ī, stats)`.

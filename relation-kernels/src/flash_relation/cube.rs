@@ -5,7 +5,7 @@
 //! One cube per `(query block of one sequence, head)`, one unit per query row `i` (no plane
 //! operations, so the same kernel runs on software Vulkan). A launch's sequences are the `B`
 //! rows of an unpacked call or the segments of a packed one, listed with their query blocks in a
-//! small table (`tile::cube::SequenceTiles`); a cube reads only its own sequence's keys. The cube streams key tiles of `p2` and `Ĩ` through shared
+//! small table (`cube::SequenceTiles`); a cube reads only its own sequence's keys. The cube streams key tiles of `p2` and `Ĩ` through shared
 //! memory and each unit keeps the FlashAttention online-softmax state over the **Exchange part
 //! only** (`j < i`): running max `m`, normaliser `l`, accumulator `z`. Self is merged after the
 //! scan, so no `T x T` matrix exists anywhere:
@@ -61,12 +61,11 @@ use cubecl::prelude::*;
 
 pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS, stat};
-use crate::launches;
-use crate::ops::{FlashArgs, FlashForward, FlashParams};
-use crate::tile::cube::{
+use crate::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
     sigmoid,
 };
+use crate::ops::{FlashArgs, FlashForward, FlashParams};
 
 #[cube(launch)]
 fn flash_relation_fwd_kernel<F: Float>(
@@ -205,7 +204,6 @@ fn launch_forward(
     }: FlashArgs<CubeTensor>,
     save_ibar: bool,
 ) -> Forward {
-    launches::record(&launches::FLASH_RELATION_FWD);
     let FlashParams {
         scale,
         inv_tau,
@@ -232,7 +230,7 @@ fn launch_forward(
     // own, so no cube multiplies tiles of two segments.
     let tiles = SequenceTiles::new(
         &p1,
-        &crate::tile::sequences(b, t, segments.as_ref()),
+        &crate::sequence::sequences(b, t, segments.as_ref()),
         tiling.block_q,
         h,
     );

@@ -8,12 +8,11 @@ use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{STATS, stat};
-use crate::launches;
-use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
-use crate::tile::cube::{
+use crate::cube::{
     SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_rows, load_seq_rows,
     seq_tile, sigmoid,
 };
+use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
 /// (at their [`stat`] channels), then:
@@ -308,7 +307,6 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         segments,
         ..
     } = params;
-    launches::record(&launches::FLASH_RELATION_BWD);
     let (p1, p2, info, ibar, stats, dy) = (
         into_contiguous(p1),
         into_contiguous(p2),
@@ -327,7 +325,7 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
     // tiles for the prepass and dp1, key tiles for dp2 and dĨ.
     let tiles = SequenceTiles::new(
         &p1,
-        &crate::tile::sequences(b, t, segments.as_ref()),
+        &crate::sequence::sequences(b, t, segments.as_ref()),
         tiling.block_q,
         h,
     );

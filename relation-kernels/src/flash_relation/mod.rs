@@ -7,6 +7,8 @@ pub(crate) mod cube;
 mod cube_backward;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
+#[cfg(feature = "flex")]
+mod flex_backward;
 
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor, TensorData};
@@ -16,7 +18,9 @@ use relation_core::{
     naive_packed_factorized_relation, naive_packed_relation, naive_parallel_relation,
 };
 
-use crate::{FlashParams, KernelError, RelationOps, Result, Strategy};
+use crate::error::{KernelError, Result};
+use crate::ops::{FlashParams, RelationOps};
+use crate::strategy::Strategy;
 
 /// Channels of the forward statistics tensor `[B, T, H, STATS]` (f32), shared by the CubeCL
 /// and Flex kernels and the entry points.
@@ -39,29 +43,65 @@ pub(crate) const NO_HISTORY_LSE: f32 = -1.0e30;
 /// Largest head dimension the fused kernels accept (registers per unit grow with `D`).
 pub const MAX_HEAD_DIM: usize = 256;
 
+/// The tensors FlashRelation reads, and how its rows divide into sequences.
+///
+/// Unpacked (`segments: None`), the `B` rows of `[B, T, H, D]` are `B` independent sequences of
+/// `T` tokens. Packed, one `[1, total, H, D]` row holds `N` documents back to back, each computed
+/// as if alone (positions restart, the first row of each is pure Self, no row reads another
+/// document): the fused kernels (Flex and CubeCL, forward and backward) iterate over a table of
+/// sequences, so key tiles of other documents are never touched and a row of many short
+/// documents costs what those documents cost. As `cu_seqlens` is in flash-attention.
+///
+/// # Shapes
+/// - `p1`, `p2` (after RoPE), `info` (after Givens mixing): `[B, T, H, D]`, or `[1, total, H, D]`
+///   with `segments` ending at `total`
+#[derive(Debug, Clone)]
+pub struct FlashInputs {
+    /// `P1`, the queries' side of the evidence.
+    pub p1: Tensor<4>,
+    /// `P2`, the keys' side of the evidence.
+    pub p2: Tensor<4>,
+    /// `Ĩ`, the information moved.
+    pub info: Tensor<4>,
+    /// The documents of a packed row; `None`: every row of the batch is one sequence.
+    pub segments: Option<Segments>,
+}
+
+impl FlashInputs {
+    /// Unpacked inputs: `B` sequences of `T` tokens.
+    pub fn new(p1: Tensor<4>, p2: Tensor<4>, info: Tensor<4>) -> Self {
+        Self {
+            p1,
+            p2,
+            info,
+            segments: None,
+        }
+    }
+
+    /// The same tensors as one packed row of these documents.
+    pub fn packed(self, segments: Segments) -> Self {
+        Self {
+            segments: Some(segments),
+            ..self
+        }
+    }
+}
+
 struct Checked {
     params: FlashParams,
     fused: bool,
 }
 
-fn checked(
-    p1: &Tensor<4>,
-    p2: &Tensor<4>,
-    info: &Tensor<4>,
-    lambda: &Tensor<1>,
-    tau: f64,
-    segments: Option<&Segments>,
-    strategy: Strategy,
-) -> Result<Checked> {
-    let dims = check::relation_inputs(p1, p2, info, tau)?;
+fn checked(x: &FlashInputs, lambda: &Tensor<1>, tau: f64, strategy: Strategy) -> Result<Checked> {
+    let dims = check::relation_inputs(&x.p1, &x.p2, &x.info, tau)?;
     check::exact_shape("lambda", lambda, "[1]", [1])?;
-    check::same_device("lambda", lambda, p1)?;
-    if let Some(segments) = segments {
-        segments.check_packed("p1", &p1.dims())?;
+    check::same_device("lambda", lambda, &x.p1)?;
+    if let Some(segments) = &x.segments {
+        segments.check_packed("p1", &x.p1.dims())?;
     }
     // Flex and CubeCL kernels both take packed rows: a sequence table (the B rows, or the
     // segments) is what they iterate over.
-    let fused = strategy.use_fused("flash_relation", p1)?;
+    let fused = strategy.use_fused("flash_relation", &x.p1)?;
     if fused && dims.head_dim > MAX_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
             op: "flash_relation",
@@ -73,7 +113,7 @@ fn checked(
         params: FlashParams {
             scale: (1.0 / (dims.head_dim as f64).sqrt()) as f32,
             inv_tau: (1.0 / tau) as f32,
-            segments: segments.cloned(),
+            segments: x.segments.clone(),
             exchange_only: false,
         },
         fused,
@@ -82,7 +122,7 @@ fn checked(
 
 /// The **Exchange-only** ablation of FlashRelation (`docs/maths.md#11-ablations`): every row
 /// with history hands its whole mass to it, `Y_i = Ī_i = Σ_{j<i} softmax_{j<i}(E_ij) Ĩ_j`, and
-/// the first row (of each sequence, or of each segment when `segments` is given) keeps its own
+/// the first row (of each sequence, or of each document when packed) keeps its own
 /// information, `Y_1 = Ĩ_1`. No Self term, so no `tau_S`, and no `lambda` (the count calibration
 /// cancels inside one row's softmax).
 ///
@@ -91,32 +131,24 @@ fn checked(
 /// `relation_core::naive_exchange_only_relation` (packed: `naive_packed_exchange_only_relation`).
 ///
 /// # Shapes
-/// - `p1`, `p2`, `info`: `[B, T, H, D]` (`[1, total, H, D]` with `segments`)
-/// - output: same as `info`
+/// - `x`: as [`FlashInputs`]
+/// - output: same as `x.info`
 ///
 /// # Errors
-/// As [`flash_relation`] (and [`flash_relation_packed`] with `segments`).
-pub fn flash_exchange_only(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    segments: Option<&Segments>,
-    strategy: Strategy,
-) -> Result<Tensor<4>> {
+/// As [`flash_relation`].
+pub fn flash_exchange_only(x: FlashInputs, strategy: Strategy) -> Result<Tensor<4>> {
     // The kernels still compute S (for their statistics) and read lambda for A: any valid
     // values do, neither reaches Y.
-    let lambda = Tensor::<1>::zeros([1], &p1.device()).cast(p1.dtype());
-    let mut c = checked(
-        &p1,
-        &p2,
-        &info,
-        &lambda,
-        relation_core::DEFAULT_TAU,
+    let lambda = Tensor::<1>::zeros([1], &x.p1.device()).cast(x.p1.dtype());
+    let mut c = checked(&x, &lambda, relation_core::DEFAULT_TAU, strategy)?;
+    let FlashInputs {
+        p1,
+        p2,
+        info,
         segments,
-        strategy,
-    )?;
+    } = x;
     if !c.fused {
-        return Ok(match segments {
+        return Ok(match &segments {
             None => naive_exchange_only_relation(p1, p2, info)?,
             Some(s) => naive_packed_exchange_only_relation(p1, p2, info, s)?,
         });
@@ -130,76 +162,39 @@ pub fn flash_exchange_only(
 /// On CubeCL and Flex devices ([`Strategy::Auto`] or [`Strategy::Fused`]) one kernel computes `Y`
 /// without any `T x T` buffer, and, under autodiff, a fused backward gives gradients for `p1`,
 /// `p2`, `info` and `lambda` from `O(T D)` saved state. Elsewhere (or with
-/// [`Strategy::Reference`]) it is `relation_core::naive_parallel_relation`.
+/// [`Strategy::Reference`]) it is `relation_core::naive_parallel_relation` (packed:
+/// `naive_packed_relation`).
 ///
-/// `lambda` may have another float dtype than the inputs (the paper keeps it in f32); it is cast
-/// to the inputs' dtype, differentiably.
+/// `lambda` (the count calibration) may have another float dtype than the inputs (the paper
+/// keeps it in f32); it is cast to the inputs' dtype, differentiably. `tau` is the Self
+/// temperature `tau_S`.
 ///
 /// # Shapes
-/// - `p1`, `p2`, `info`: `[B, T, H, D]` (`p1`/`p2` after RoPE, `info` after Givens mixing)
-/// - `lambda`: `[1]`
-/// - output: `[B, T, H, D]`
+/// - `x`: as [`FlashInputs`]; `lambda`: `[1]`
+/// - output: same as `x.info`
 ///
 /// # Errors
-/// Everything the reference refuses, plus [`KernelError::FusedUnavailable`] and
-/// [`KernelError::HeadDimTooLarge`] (`D > MAX_HEAD_DIM`) for the fused path.
+/// Everything the reference refuses, segments that do not cover a packed row (or a batch other
+/// than 1), plus [`KernelError::FusedUnavailable`] and [`KernelError::HeadDimTooLarge`]
+/// (`D > MAX_HEAD_DIM`) for the fused path.
 pub fn flash_relation(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
+    x: FlashInputs,
     lambda: Tensor<1>,
     tau: f64,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    relation(p1, p2, info, lambda, tau, None, strategy)
-}
-
-/// [`flash_relation`] over packed documents: `N` segments back to back in one `[1, total, H, D]`
-/// row, each computed as if alone (positions restart, the first row of each is pure Self, no
-/// row reads another segment).
-///
-/// The fused kernels (Flex and CubeCL, forward and backward) iterate over a table of sequences —
-/// the segments here, the `B` rows of an unpacked call — so key tiles of other segments are
-/// never touched: a row of many short documents costs what those documents cost, far less than
-/// one causal row of the same length. On Flex the work items are `(segment, head)`; on CubeCL
-/// one cube takes one query (or key) tile of one segment for one head, from a table of
-/// `(first token, length, first row)` built on the host from `segments`. Elsewhere (or with
-/// [`Strategy::Reference`]) it is `relation_core::naive_packed_relation`.
-///
-/// # Shapes
-/// - `p1`, `p2`, `info`: `[1, total, H, D]`; `lambda`: `[1]`; `segments` end at `total`
-/// - output: `[1, total, H, D]`
-///
-/// # Errors
-/// As [`flash_relation`], plus segments that do not cover the packed rows (or a batch other
-/// than 1).
-pub fn flash_relation_packed(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    lambda: Tensor<1>,
-    tau: f64,
-    segments: &Segments,
-    strategy: Strategy,
-) -> Result<Tensor<4>> {
-    relation(p1, p2, info, lambda, tau, Some(segments), strategy)
-}
-
-fn relation(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    lambda: Tensor<1>,
-    tau: f64,
-    segments: Option<&Segments>,
-    strategy: Strategy,
-) -> Result<Tensor<4>> {
-    let c = checked(&p1, &p2, &info, &lambda, tau, segments, strategy)?;
+    let c = checked(&x, &lambda, tau, strategy)?;
+    let FlashInputs {
+        p1,
+        p2,
+        info,
+        segments,
+    } = x;
     // One dtype per call on every path (a backend may refuse mixed dtypes; the cast is
     // differentiable, so `lambda` still gets its gradient in its own dtype).
     let lambda = lambda.cast(p1.dtype());
     if !c.fused {
-        return Ok(match segments {
+        return Ok(match &segments {
             None => naive_parallel_relation(p1, p2, info, lambda, tau)?,
             Some(segments) => naive_packed_relation(p1, p2, info, lambda, tau, segments)?,
         });
@@ -225,58 +220,32 @@ fn fused(
 }
 
 /// [`flash_relation`] that also returns the per-row statistics `(S, L, A, g)`, exactly as
-/// `relation_core::naive_factorized_relation` does (row 1: `L = A = -inf`, `g = 0`).
+/// `relation_core::naive_factorized_relation` does (the first row of every sequence or document:
+/// `L = A = -inf`, `g = 0`).
 ///
 /// Not differentiable on the fused path (use [`flash_relation`] for training); the reference path
 /// is.
 ///
 /// # Shapes
-/// As [`flash_relation`]; statistics are `[B, T, H]`.
+/// As [`flash_relation`]; statistics are `[B, T, H]` (`[1, total, H]` packed).
 ///
 /// # Errors
 /// As [`flash_relation`].
 pub fn flash_relation_with_stats(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
+    x: FlashInputs,
     lambda: Tensor<1>,
     tau: f64,
     strategy: Strategy,
 ) -> Result<FactorizedRelation> {
-    relation_with_stats(p1, p2, info, lambda, tau, None, strategy)
-}
-
-/// [`flash_relation_packed`] with the per-row statistics of [`flash_relation_with_stats`]: the
-/// first row of every segment has `L = A = -inf`, `g = 0`.
-///
-/// # Shapes
-/// As [`flash_relation_packed`]; statistics are `[1, total, H]`.
-///
-/// # Errors
-/// As [`flash_relation_packed`].
-pub fn flash_relation_packed_with_stats(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    lambda: Tensor<1>,
-    tau: f64,
-    segments: &Segments,
-    strategy: Strategy,
-) -> Result<FactorizedRelation> {
-    relation_with_stats(p1, p2, info, lambda, tau, Some(segments), strategy)
-}
-
-fn relation_with_stats(
-    p1: Tensor<4>,
-    p2: Tensor<4>,
-    info: Tensor<4>,
-    lambda: Tensor<1>,
-    tau: f64,
-    segments: Option<&Segments>,
-    strategy: Strategy,
-) -> Result<FactorizedRelation> {
-    let c = checked(&p1, &p2, &info, &lambda, tau, segments, strategy)?;
-    let lambda = lambda.cast(p1.dtype()); // one dtype per call, as in `relation`
+    let c = checked(&x, &lambda, tau, strategy)?;
+    let FlashInputs {
+        p1,
+        p2,
+        info,
+        segments,
+    } = x;
+    let segments = segments.as_ref();
+    let lambda = lambda.cast(p1.dtype()); // one dtype per call, as in `flash_relation`
     if !c.fused {
         return Ok(match segments {
             None => naive_factorized_relation(p1, p2, info, lambda, tau)?,

@@ -12,7 +12,7 @@ use burn::backend::{
     tensor::FloatTensor,
 };
 
-use crate::RelationOps;
+use crate::ops::RelationOps;
 use crate::ops::{LinearArgs, LinearGrads, LinearParams};
 
 /// The fused backward of the kernels `params.mode` names, over the call's layout.

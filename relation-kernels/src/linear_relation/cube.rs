@@ -14,10 +14,10 @@ use burn_cubecl::{CubeBackend, kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{cube_chunk, cube_chunk_backward, cube_recurrent};
-use crate::LinearRelationMode;
+use crate::cube::{SequenceTiles, column_units, empty_like, head_of_sequence};
+use crate::linear_relation::mode::LinearRelationMode;
 use crate::ops::{LinearArgs, LinearGrads, LinearParams};
-use crate::tile::cube::{SequenceTiles, column_units, empty_like, head_of_sequence};
-use crate::tile::sequences;
+use crate::sequence::sequences;
 
 type B = CubeBackend;
 

@@ -57,7 +57,7 @@
 //!
 //! Units: the tables say `D` units, one per column or channel. Where a cube cannot have that
 //! many (CubeCL's CPU runtime: one thread per unit, as many as cores; see
-//! [`crate::tile::cube::column_units`]), unit `u` owns the `lanes` columns (channels) `u + m * units`,
+//! [`crate::cube::column_units`]), unit `u` owns the `lanes` columns (channels) `u + m * units`,
 //! one after another, with the same arithmetic per column; on a GPU `lanes = 1` and the lane loop
 //! is unrolled away.
 //!
@@ -122,9 +122,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::{client::Client, prelude::*};
 
-use crate::launches;
-
-use crate::tile::cube::{
+use crate::cube::{
     HeadOf, column_units, empty_like, empty_like_dtype, head_of, load_lanes, store_lanes,
 };
 
@@ -510,8 +508,10 @@ pub(crate) fn forward(
     h0: CubeTensor,
     chunk: usize,
 ) -> CubeTensor {
-    debug_assert!(crate::CHUNK_SIZES.contains(&chunk), "chunk size {chunk}");
-    launches::record(&launches::CHUNK_LINEAR_RELATION_FWD);
+    debug_assert!(
+        crate::linear_relation::mode::CHUNK_SIZES.contains(&chunk),
+        "chunk size {chunk}"
+    );
     let (q, k, v, g, h0) = (
         into_contiguous(q),
         into_contiguous(k),

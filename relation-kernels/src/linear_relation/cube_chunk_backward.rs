@@ -10,10 +10,7 @@ use cubecl::prelude::*;
 use super::cube_chunk::{
     add_outer_lanes, chunk_states_kernel, decay_lanes, decayed_rows, sub_tile,
 };
-use crate::launches;
-use crate::tile::cube::{
-    column_units, empty_like, empty_like_dtype, head_of, load_lanes, store_lanes,
-};
+use crate::cube::{column_units, empty_like, empty_like_dtype, head_of, load_lanes, store_lanes};
 
 /// Largest chunk of the backward kernels (their `L x L` score matrices live in shared memory).
 const MAX_CHUNK: usize = 64;
@@ -315,7 +312,6 @@ pub(crate) fn backward(
     chunk: usize,
 ) -> (CubeTensor, CubeTensor, CubeTensor) {
     debug_assert!(chunk <= MAX_CHUNK, "chunk size {chunk}");
-    launches::record(&launches::CHUNK_LINEAR_RELATION_BWD);
     let (q, k, v, g, h0, d_out) = (
         into_contiguous(q),
         into_contiguous(k),

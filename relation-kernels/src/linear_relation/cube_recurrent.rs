@@ -9,13 +9,13 @@
 //! ```
 //!
 //! One cube per `(sequence, head)` — a sequence is a row of an unpacked call or a segment of a
-//! packed one, read from a table (`tile::cube::SequenceTiles::sequences`), started from its own
+//! packed one, read from a table (`cube::SequenceTiles::sequences`), started from its own
 //! initial state and never reading another's rows — one unit per state column or row, tokens streamed through shared
 //! memory in tiles. The state never leaves registers; memory is `O(T D)` and time `O(T D^2)`
 //! with no `T x T` term. Each kernel owns either the columns or the rows of `C`, chosen so that
 //! every sum is local to a unit (no cross-unit reductions, no atomics: deterministic). Where a
 //! cube cannot have `D` units (CubeCL's CPU runtime: one thread per unit, as many as cores; see
-//! [`crate::tile::cube::column_units`]), unit `u` owns the `lanes` columns (rows) `u + m * units`, one
+//! [`crate::cube::column_units`]), unit `u` owns the `lanes` columns (rows) `u + m * units`, one
 //! after another, with the same arithmetic per column; on a GPU `lanes = 1` and the lane loop is
 //! unrolled away.
 //!
@@ -43,13 +43,12 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use crate::launches;
-use crate::ops::LinearParams;
-use crate::tile::cube::{
-    SequenceTiles, column_units, empty_like, head_of_sequence, load_bundle_rows, load_lanes,
-    load_sequence_rows, rows_from, store_lanes,
+use crate::cube::{
+    HeadOf, SequenceTiles, column_units, empty_like, head_of_sequence, load_bundle_rows,
+    load_lanes, load_sequence_rows, rows_from, store_lanes,
 };
-use crate::tile::sequences;
+use crate::ops::LinearParams;
+use crate::sequence::sequences;
 
 /// Tokens per shared-memory tile.
 const TOKENS: usize = 16;
@@ -174,6 +173,25 @@ fn linear_relation_dq_kernel<F: Float>(
     }
 }
 
+/// This unit's lanes of the sequence's final-state gradient `dC_T` (the bundle's last rows) into
+/// `grad`: its state rows `r = u + m · units` when `by_rows` (`grad[m D + c] = dC_T[r, c]`, for
+/// `dk`), else its columns (`grad[m D + k] = dC_T[k, c]`, for `dv`).
+#[cube]
+fn load_final_grad<F: Float>(
+    d_out: &Tensor<F>,
+    grad: &mut Array<f32>,
+    at: &HeadOf,
+    #[comptime] by_rows: bool,
+    #[comptime] head_dim: usize,
+    #[comptime] lanes: usize,
+) {
+    if comptime!(by_rows) {
+        load_lanes::<F>(d_out, grad, at.final_base, 1, head_dim, head_dim, lanes);
+    } else {
+        load_lanes::<F>(d_out, grad, at.final_base, head_dim, 1, head_dim, lanes);
+    }
+}
+
 /// `dk` and `dC_0`: unit `u` owns the state rows `r = u + m · units`, reverse time.
 #[cube(launch)]
 fn linear_relation_dk_kernel<F: Float>(
@@ -192,16 +210,7 @@ fn linear_relation_dk_kernel<F: Float>(
 
     // dC[r, :] of this unit's m-th row at m * D, from dC_T.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    // The sequence's final-state rows of the bundle's gradient: dC_T[k, c].
-    load_lanes::<F>(
-        d_out,
-        &mut grad,
-        at.final_base,
-        1,
-        head_dim,
-        head_dim,
-        lanes,
-    );
+    load_final_grad::<F>(d_out, &mut grad, &at, true, head_dim, lanes);
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut dy_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let tiles = at.seq.div_ceil(TOKENS);
@@ -260,16 +269,7 @@ fn linear_relation_dv_kernel<F: Float>(
 
     // dC[:, c] of this unit's m-th column at m * D.
     let mut grad = Array::<f32>::new(comptime!(lanes * head_dim));
-    // The sequence's final-state rows of the bundle's gradient: dC_T[k, c].
-    load_lanes::<F>(
-        d_out,
-        &mut grad,
-        at.final_base,
-        head_dim,
-        1,
-        head_dim,
-        lanes,
-    );
+    load_final_grad::<F>(d_out, &mut grad, &at, false, head_dim, lanes);
     let mut q_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
     let mut a_tile = Shared::<[f32]>::new_slice(comptime!(TOKENS * head_dim));
@@ -330,7 +330,6 @@ pub(crate) fn forward(
     h0: CubeTensor,
     params: &LinearParams,
 ) -> CubeTensor {
-    launches::record(&launches::LINEAR_RELATION_FWD);
     let (q, k, v, g, h0) = (
         contiguous(q),
         contiguous(k),
@@ -374,7 +373,6 @@ pub(crate) fn backward(
     d_out: CubeTensor,
     params: &LinearParams,
 ) -> (CubeTensor, CubeTensor, CubeTensor, CubeTensor) {
-    launches::record(&launches::LINEAR_RELATION_BWD);
     let (q, k, v, g, h0, d_out) = (
         contiguous(q),
         contiguous(k),

@@ -38,14 +38,12 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 use rayon::prelude::*;
 
-use crate::LinearRelationMode;
-use crate::launches;
-use crate::ops::{LinearArgs, LinearGrads, LinearParams};
-use crate::tile::flex::{
+use crate::flex::{
     LANES, MulAdd, Vectorized, dims4, gather_heads, output, read_f32, scatter_heads, tensor,
     vectorized,
 };
-use crate::tile::{Sequence, sequences};
+use crate::ops::{LinearArgs, LinearGrads, LinearParams};
+use crate::sequence::{Sequence, sequences};
 
 /// The inputs of one head, heads-first `[T, D]` each, and `D`.
 #[derive(Clone, Copy)]
@@ -184,10 +182,6 @@ pub(crate) fn forward(args: LinearArgs<FlexTensor>) -> FlexTensor {
         h0,
         params,
     } = args;
-    launches::record(match params.mode {
-        LinearRelationMode::Recurrent => &launches::LINEAR_RELATION_FWD,
-        LinearRelationMode::Chunked { .. } => &launches::CHUNK_LINEAR_RELATION_FWD,
-    });
     let [b, t, heads, d] = dims4(&q);
     let dtype = q.dtype();
     let (q, k, v, g) = (
@@ -241,10 +235,6 @@ pub(crate) fn backward(
         h0,
         params,
     } = args;
-    launches::record(match params.mode {
-        LinearRelationMode::Recurrent => &launches::LINEAR_RELATION_BWD,
-        LinearRelationMode::Chunked { .. } => &launches::CHUNK_LINEAR_RELATION_BWD,
-    });
     let dims = dims4(&q);
     let [b, t, heads, d] = dims;
     let dtype = q.dtype();

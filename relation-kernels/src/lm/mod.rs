@@ -1,6 +1,6 @@
 //! The language model's hot spots around the mixers, for Flex: the dense product of every
-//! projection and of the output head, the SwiGLU gate, the per-token cross-entropy (the
-//! training loss) and the optimizer's AdamW update.
+//! projection and of the output head, RoPE, RMSNorm, the SwiGLU gate and the per-token
+//! cross-entropy (the training loss).
 //!
 //! Why they are here: Burn's Flex runs element-wise operations on the calling thread, and under
 //! autodiff `log_softmax` and `silu` decompose into several full-size passes each (max, subtract,
@@ -13,23 +13,25 @@
 //! element-wise chain into one kernel there, so [`Strategy::Auto`] uses the reference.
 
 #[cfg(feature = "flex")]
+mod autodiff;
+#[cfg(feature = "flex")]
 pub(crate) mod flex;
 #[cfg(feature = "flex")]
-mod ops;
+pub(crate) mod ops;
 
 #[cfg(feature = "flex")]
-pub use ops::LmOps;
+pub use ops::{LmOps, Transposed};
 
 use burn::tensor::{Int, Tensor};
 use relation_core::lm::{check_cross_entropy, check_dense, check_rms_norm, check_swiglu};
-use relation_core::optim::{AdamWState, AdamWStep, check_adamw, naive_adamw};
 use relation_core::rope::check_rope;
 use relation_core::{
-    RopePositions, Segments, WeightLayout, naive_cross_entropy, naive_dense, naive_packed_rope,
+    RopePositions, WeightLayout, naive_cross_entropy, naive_dense, naive_packed_rope,
     naive_rms_norm, naive_rope, naive_swiglu,
 };
 
-use crate::{Result, Strategy};
+use crate::error::Result;
+use crate::strategy::Strategy;
 
 /// The dense product `x W` (or `x Wᵀ`, see [`WeightLayout`]), differentiable in both; the
 /// reference is [`relation_core::naive_dense`].
@@ -62,56 +64,42 @@ pub fn dense(
         Ok(Tensor::from_dispatch(Dispatch::dense(
             x.into_dispatch(),
             w.into_dispatch(),
-            false,
-            layout == WeightLayout::OutIn,
+            ops::Transposed {
+                a: false,
+                b: layout == WeightLayout::OutIn,
+            },
         )))
     }
     #[cfg(not(feature = "flex"))]
     unreachable!("use_fused_flex is false without the flex feature")
 }
 
-/// Rotary position embedding of tokens at positions `offset..` (half-split pairs, angles
-/// `(offset + t) base^(-2k/D)`), differentiable; the reference is
-/// [`relation_core::naive_rope`].
+/// Rotary position embedding (half-split pairs, angle `p base^(-2k/D)` at position `p`) of rows
+/// at `positions`, differentiable: [`RopePositions::From`]`(offset)` puts every batch row's
+/// tokens at `offset..`, [`RopePositions::Packed`] rotates every document of a packed row from
+/// position 0, as if alone. The references are [`relation_core::naive_rope`] and
+/// [`relation_core::naive_packed_rope`].
 ///
-/// [`Strategy::Auto`] runs it on Flex as one pass on all cores (the backward is the inverse
-/// rotation, nothing saved); the reference elsewhere. [`Strategy::Fused`] is an error off Flex.
-///
-/// # Shapes
-/// - `x`, output: `[B, T, H, D]`
-///
-/// # Errors
-/// Odd `D`, a base that is not finite and > 1, empty dimensions; [`Strategy::Fused`] on a
-/// device other than Flex.
-pub fn rope(x: Tensor<4>, offset: usize, base: f64, strategy: Strategy) -> Result<Tensor<4>> {
-    rope_at(x, RopePositions::From(offset), base, strategy)
-}
-
-/// [`rope`] of a packed row: every segment rotated from position 0, as if alone. The reference is
-/// [`relation_core::naive_packed_rope`]; Flex runs the same one pass with each row's angle taken
-/// at its position in its own segment.
+/// [`Strategy::Auto`] runs it on Flex as one pass on all cores (each row's angle taken at its
+/// position; the backward is the inverse rotation, nothing saved); the reference elsewhere.
+/// [`Strategy::Fused`] is an error off Flex.
 ///
 /// # Shapes
-/// - `x`, output: `[1, total, H, D]`; `segments` end at `total`
+/// - `x`, output: `[B, T, H, D]` (packed: `[1, total, H, D]`, the segments ending at `total`)
 ///
 /// # Errors
-/// As [`rope`], plus segments that do not cover the packed rows (or a batch other than 1).
-pub fn rope_packed(
+/// Odd `D`, a base that is not finite and > 1, empty dimensions, segments that do not cover a
+/// packed row (or a batch other than 1); [`Strategy::Fused`] on a device other than Flex.
+pub fn rope(
     x: Tensor<4>,
-    segments: &Segments,
+    positions: &RopePositions,
     base: f64,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    segments.check_packed("x", &x.dims())?;
-    rope_at(x, RopePositions::Packed(segments.clone()), base, strategy)
-}
-
-fn rope_at(
-    x: Tensor<4>,
-    positions: RopePositions,
-    base: f64,
-    strategy: Strategy,
-) -> Result<Tensor<4>> {
+    if let RopePositions::Packed(segments) = positions {
+        segments.check_packed("x", &x.dims())?;
+    }
+    let positions = positions.clone();
     check_rope(&x, base)?;
     if !strategy.use_fused_flex("rope", &x)? {
         return Ok(match positions {
@@ -234,50 +222,6 @@ pub fn cross_entropy(
             logits.into_dispatch(),
             targets.into_dispatch(),
         )))
-    }
-    #[cfg(not(feature = "flex"))]
-    unreachable!("use_fused_flex is false without the flex feature")
-}
-
-/// One AdamW update of a parameter by its gradient, `(θ', m', v')`; the reference (and the
-/// maths) is [`relation_core::naive_adamw`].
-///
-/// [`Strategy::Auto`] runs it on Flex as one pass over the four arrays on all cores, writing
-/// `θ`, `m` and `v` in place where the tensors own their buffers, with the reference's bits;
-/// the reference's fifteen tensor operations elsewhere (each a pass of its own, on Flex on the
-/// calling thread). [`Strategy::Fused`] is an error off Flex.
-///
-/// # Shapes
-/// - every tensor of `state` and `grad`: the same shape; the output: that shape
-///
-/// # Errors
-/// Mismatched shapes, devices or dtypes; a scalar of `step` out of range
-/// ([`AdamWStep::check`]); [`Strategy::Fused`] on a device other than Flex.
-pub fn adamw<const D: usize>(
-    state: AdamWState<D>,
-    grad: Tensor<D>,
-    step: AdamWStep,
-    strategy: Strategy,
-) -> Result<AdamWState<D>> {
-    check_adamw(&state, &grad, &step)?;
-    if !strategy.use_fused_flex("adamw", &state.param)? {
-        return Ok(naive_adamw(state, grad, step)?);
-    }
-    #[cfg(feature = "flex")]
-    {
-        use burn::backend::Dispatch;
-        let (param, moment_1, moment_2) = Dispatch::adamw(
-            state.param.into_dispatch(),
-            grad.into_dispatch(),
-            state.moment_1.into_dispatch(),
-            state.moment_2.into_dispatch(),
-            step,
-        );
-        Ok(AdamWState {
-            param: Tensor::from_dispatch(param),
-            moment_1: Tensor::from_dispatch(moment_1),
-            moment_2: Tensor::from_dispatch(moment_2),
-        })
     }
     #[cfg(not(feature = "flex"))]
     unreachable!("use_fused_flex is false without the flex feature")

@@ -1,31 +1,52 @@
-//! The backend extension of the language-model ops: implemented by Flex (the fused CPU kernels)
-//! and by Autodiff over it (hand-written backward passes). Other backends never reach it: the
-//! entry points send them to the reference.
+//! The backend extension of the language-model ops, [`LmOps`]: implemented by Flex (the fused
+//! CPU kernels of `flex/`, by one-line delegations) and by Autodiff over it (`autodiff.rs`:
+//! hand-written backward passes). Other backends never reach it: the entry points send them to
+//! the reference.
 
-use burn::backend::autodiff::{
-    Autodiff, NodeId,
-    checkpoint::{base::Checkpointer, strategy::CheckpointStrategy},
-    grads::Gradients,
-    ops::{Backward, Ops, OpsKind},
-};
 use burn::backend::tensor::{FloatTensor, IntTensor};
 use burn::backend::{Backend, Flex, backend_extension};
 
-use relation_core::{AdamWStep, RopePositions};
+use relation_core::RopePositions;
 
 use super::flex;
+
+/// Which factors of a [`LmOps::dense`] product enter transposed: `op_a(a) · op_b(b)`.
+///
+/// Named fields rather than two positional booleans, which a caller could swap unnoticed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transposed {
+    /// `a` is given as `[K, M]` and enters as its transpose.
+    pub a: bool,
+    /// `b` is given as `[N, K]` and enters as its transpose.
+    pub b: bool,
+}
+
+impl Transposed {
+    /// Neither factor: `a · b`.
+    pub const NONE: Self = Self { a: false, b: false };
+    /// `aᵀ · b`.
+    pub const A: Self = Self { a: true, b: false };
+    /// `a · bᵀ`.
+    pub const B: Self = Self { a: false, b: true };
+}
 
 /// Fused element-wise ops of the language model. Not called directly: use
 /// [`crate::swiglu`] and [`crate::cross_entropy`], which check inputs and pick the strategy.
 #[allow(clippy::type_complexity)]
 #[backend_extension(Flex: cfg(feature = "flex"), Autodiff)]
 pub trait LmOps: Backend {
-    /// `op_a(a) · op_b(b)`, where `op` transposes when its flag is set; differentiable in both.
+    /// `op_a(a) · op_b(b)`, where `op` transposes the factors `transposed` names; differentiable
+    /// in both.
     ///
     /// # Shapes
-    /// - `a`: `[M, K]` (`[K, M]` when `ta`), `b`: `[K, N]` (`[N, K]` when `tb`)
+    /// - `a`: `[M, K]` (`[K, M]` when `transposed.a`), `b`: `[K, N]` (`[N, K]` when
+    ///   `transposed.b`)
     /// - output: `[M, N]` in `a`'s dtype
-    fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self>;
+    fn dense(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        transposed: Transposed,
+    ) -> FloatTensor<Self>;
 
     /// RoPE of tokens at `positions` (`inverse`: rotation by `-φ`), differentiable.
     ///
@@ -87,19 +108,6 @@ pub trait LmOps: Backend {
         targets: IntTensor<Self>,
     ) -> (FloatTensor<Self>, FloatTensor<Self>);
 
-    /// One AdamW update of a parameter, `(θ', m', v')` ([`relation_core::naive_adamw`]); not
-    /// differentiable (an optimizer's step, on tensors outside any graph).
-    ///
-    /// # Shapes
-    /// - `param`, `grad`, `moment_1`, `moment_2` and the three outputs: the same shape
-    fn adamw(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        step: AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>);
-
     /// Cross-entropy backward: `d logits = d_nll · (exp(logits - lse) - onehot(targets))`,
     /// `[N, V]` in the logits' dtype.
     fn cross_entropy_bwd(
@@ -141,8 +149,12 @@ impl LmOps for Flex {
         flex::rope(x, positions, base, inverse)
     }
 
-    fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
-        flex::dense(a, b, ta, tb)
+    fn dense(
+        a: FloatTensor<Self>,
+        b: FloatTensor<Self>,
+        transposed: Transposed,
+    ) -> FloatTensor<Self> {
+        flex::dense(a, b, transposed)
     }
 
     fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
@@ -175,338 +187,5 @@ impl LmOps for Flex {
         d_nll: FloatTensor<Self>,
     ) -> FloatTensor<Self> {
         flex::cross_entropy_bwd(logits, targets, lse, d_nll)
-    }
-
-    fn adamw(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        step: AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        flex::adamw(param, grad, moment_1, moment_2, step)
-    }
-}
-
-impl<B: LmOps, C: CheckpointStrategy> LmOps for Autodiff<B, C> {
-    fn adamw(
-        param: FloatTensor<Self>,
-        grad: FloatTensor<Self>,
-        moment_1: FloatTensor<Self>,
-        moment_2: FloatTensor<Self>,
-        step: AdamWStep,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>, FloatTensor<Self>) {
-        let [param, grad, moment_1, moment_2] =
-            [param, grad, moment_1, moment_2].map(|x| x.into_primitive());
-        let (p, m, v) = B::adamw(param, grad, moment_1, moment_2, step);
-        (
-            FloatTensor::<Self>::new(p),
-            FloatTensor::<Self>::new(m),
-            FloatTensor::<Self>::new(v),
-        )
-    }
-
-    fn rms_norm(x: FloatTensor<Self>, gamma: FloatTensor<Self>, eps: f64) -> FloatTensor<Self> {
-        /// Saves each row's `1 / rms` (`[rows]`); `x` and `gamma` are checkpointed (the
-        /// residual stream and a parameter, alive anyway).
-        #[derive(Debug)]
-        struct RmsNormBackward;
-
-        impl<B: LmOps> Backward<B, 2> for RmsNormBackward {
-            type State = (NodeId, NodeId, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let [node_x, node_gamma] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                let (x_id, gamma_id, r) = ops.state;
-                let x: FloatTensor<B> = checkpointer.retrieve_node_output(x_id);
-                let gamma: FloatTensor<B> = checkpointer.retrieve_node_output(gamma_id);
-                let (dx, dgamma) = B::rms_norm_bwd(x, gamma, r, dy);
-                for (node, grad) in [(node_x, dx), (node_gamma, dgamma)] {
-                    if let Some(node) = node {
-                        grads.register::<B>(node.id, grad);
-                    }
-                }
-            }
-        }
-
-        match RmsNormBackward
-            .prepare::<C>([x.node(), gamma.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let (x_id, gamma_id) = (prep.checkpoint(&x), prep.checkpoint(&gamma));
-                let (y, r) = B::rms_norm_fwd(x.into_primitive(), gamma.into_primitive(), eps);
-                prep.finish((x_id, gamma_id, r), y)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::rms_norm(x.into_primitive(), gamma.into_primitive(), eps))
-            }
-        }
-    }
-
-    fn rms_norm_fwd(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        eps: f64,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (y, r) = B::rms_norm_fwd(x.into_primitive(), gamma.into_primitive(), eps);
-        (FloatTensor::<Self>::new(y), FloatTensor::<Self>::new(r))
-    }
-
-    fn rms_norm_bwd(
-        x: FloatTensor<Self>,
-        gamma: FloatTensor<Self>,
-        r: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (dx, dgamma) = B::rms_norm_bwd(
-            x.into_primitive(),
-            gamma.into_primitive(),
-            r.into_primitive(),
-            dy.into_primitive(),
-        );
-        (
-            FloatTensor::<Self>::new(dx),
-            FloatTensor::<Self>::new(dgamma),
-        )
-    }
-
-    fn rope(
-        x: FloatTensor<Self>,
-        positions: RopePositions,
-        base: f64,
-        inverse: bool,
-    ) -> FloatTensor<Self> {
-        /// Saves nothing: RoPE is a rotation `R`, so `dx = Rᵀ dy` is the inverse rotation of
-        /// the upstream gradient.
-        #[derive(Debug)]
-        struct RopeBackward;
-
-        impl<B: LmOps> Backward<B, 1> for RopeBackward {
-            type State = (RopePositions, f64, bool);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                _checkpointer: &mut Checkpointer,
-            ) {
-                let [node] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                let (positions, base, inverse) = ops.state;
-                if let Some(node) = node {
-                    grads.register::<B>(node.id, B::rope(dy, positions, base, !inverse));
-                }
-            }
-        }
-
-        match RopeBackward
-            .prepare::<C>([x.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(prep) => prep.finish(
-                (positions.clone(), base, inverse),
-                B::rope(x.into_primitive(), positions, base, inverse),
-            ),
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::rope(x.into_primitive(), positions, base, inverse))
-            }
-        }
-    }
-
-    fn dense(a: FloatTensor<Self>, b: FloatTensor<Self>, ta: bool, tb: bool) -> FloatTensor<Self> {
-        /// Saves nothing new: both factors are checkpointed (they are activations and weights
-        /// that live anyway). With `C = op_a(A) op_b(B)` and upstream `G`:
-        ///
-        /// ```text
-        /// dA = G op_b(B)ᵀ          (ta = false)      dA = op_b(B) Gᵀ      (ta = true)
-        /// dB = op_a(A)ᵀ G          (tb = false)      dB = Gᵀ op_a(A)      (tb = true)
-        /// ```
-        ///
-        /// Each is one more call of the same product with other flags: no transposed copy.
-        #[derive(Debug)]
-        struct DenseBackward;
-
-        impl<B: LmOps> Backward<B, 2> for DenseBackward {
-            type State = (NodeId, NodeId, bool, bool);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let [node_a, node_b] = ops.parents;
-                let g = grads.consume::<B>(&ops.node);
-                let (a_id, b_id, ta, tb) = ops.state;
-                let a: FloatTensor<B> = checkpointer.retrieve_node_output(a_id);
-                let b: FloatTensor<B> = checkpointer.retrieve_node_output(b_id);
-                if let Some(node) = node_a {
-                    let da = if ta {
-                        B::dense(b.clone(), g.clone(), tb, true)
-                    } else {
-                        B::dense(g.clone(), b, false, !tb)
-                    };
-                    grads.register::<B>(node.id, da);
-                }
-                if let Some(node) = node_b {
-                    let db = if tb {
-                        B::dense(g, a, true, ta)
-                    } else {
-                        B::dense(a, g, !ta, false)
-                    };
-                    grads.register::<B>(node.id, db);
-                }
-            }
-        }
-
-        match DenseBackward
-            .prepare::<C>([a.node(), b.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let state = (prep.checkpoint(&a), prep.checkpoint(&b), ta, tb);
-                let y = B::dense(a.into_primitive(), b.into_primitive(), ta, tb);
-                prep.finish(state, y)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::dense(a.into_primitive(), b.into_primitive(), ta, tb))
-            }
-        }
-    }
-
-    fn swiglu(gate: FloatTensor<Self>, up: FloatTensor<Self>) -> FloatTensor<Self> {
-        /// Saves nothing new: `gate` and `up` are checkpointed (the matmuls that made them keep
-        /// them anyway) and the backward recomputes `sigmoid(gate)`.
-        #[derive(Debug)]
-        struct SwigluBackward;
-
-        impl<B: LmOps> Backward<B, 2> for SwigluBackward {
-            type State = (NodeId, NodeId);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 2>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let [node_gate, node_up] = ops.parents;
-                let dy = grads.consume::<B>(&ops.node);
-                let (gate_id, up_id) = ops.state;
-                let gate: FloatTensor<B> = checkpointer.retrieve_node_output(gate_id);
-                let up: FloatTensor<B> = checkpointer.retrieve_node_output(up_id);
-                let (dgate, dup) = B::swiglu_bwd(gate, up, dy);
-                for (node, grad) in [(node_gate, dgate), (node_up, dup)] {
-                    if let Some(node) = node {
-                        grads.register::<B>(node.id, grad);
-                    }
-                }
-            }
-        }
-
-        match SwigluBackward
-            .prepare::<C>([gate.node(), up.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let ids = (prep.checkpoint(&gate), prep.checkpoint(&up));
-                let y = B::swiglu(gate.into_primitive(), up.into_primitive());
-                prep.finish(ids, y)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::swiglu(gate.into_primitive(), up.into_primitive()))
-            }
-        }
-    }
-
-    fn swiglu_bwd(
-        gate: FloatTensor<Self>,
-        up: FloatTensor<Self>,
-        dy: FloatTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        // Not differentiable on its own: the outputs are constants of the graph.
-        let (dgate, dup) = B::swiglu_bwd(
-            gate.into_primitive(),
-            up.into_primitive(),
-            dy.into_primitive(),
-        );
-        (
-            FloatTensor::<Self>::new(dgate),
-            FloatTensor::<Self>::new(dup),
-        )
-    }
-
-    fn cross_entropy(logits: FloatTensor<Self>, targets: IntTensor<Self>) -> FloatTensor<Self> {
-        /// Saves the row log-sum-exps (`[N]`) and the targets; the logits are checkpointed
-        /// (the output projection keeps them for its own backward).
-        #[derive(Debug)]
-        struct CrossEntropyBackward;
-
-        impl<B: LmOps> Backward<B, 1> for CrossEntropyBackward {
-            type State = (NodeId, IntTensor<B>, FloatTensor<B>);
-
-            fn backward(
-                self,
-                ops: Ops<Self::State, 1>,
-                grads: &mut Gradients,
-                checkpointer: &mut Checkpointer,
-            ) {
-                let [node_logits] = ops.parents;
-                let d_nll = grads.consume::<B>(&ops.node);
-                let (logits_id, targets, lse) = ops.state;
-                let logits: FloatTensor<B> = checkpointer.retrieve_node_output(logits_id);
-                if let Some(node) = node_logits {
-                    let grad = B::cross_entropy_bwd(logits, targets, lse, d_nll);
-                    grads.register::<B>(node.id, grad);
-                }
-            }
-        }
-
-        match CrossEntropyBackward
-            .prepare::<C>([logits.node()])
-            .compute_bound()
-            .stateful()
-        {
-            OpsKind::Tracked(mut prep) => {
-                let logits_id = prep.checkpoint(&logits);
-                let (nll, lse) = B::cross_entropy_fwd(logits.into_primitive(), targets.clone());
-                prep.finish((logits_id, targets, lse), nll)
-            }
-            OpsKind::UnTracked(prep) => {
-                prep.finish(B::cross_entropy(logits.into_primitive(), targets))
-            }
-        }
-    }
-
-    fn cross_entropy_fwd(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-    ) -> (FloatTensor<Self>, FloatTensor<Self>) {
-        let (nll, lse) = B::cross_entropy_fwd(logits.into_primitive(), targets);
-        (FloatTensor::<Self>::new(nll), FloatTensor::<Self>::new(lse))
-    }
-
-    fn cross_entropy_bwd(
-        logits: FloatTensor<Self>,
-        targets: IntTensor<Self>,
-        lse: FloatTensor<Self>,
-        d_nll: FloatTensor<Self>,
-    ) -> FloatTensor<Self> {
-        FloatTensor::<Self>::new(B::cross_entropy_bwd(
-            logits.into_primitive(),
-            targets,
-            lse.into_primitive(),
-            d_nll.into_primitive(),
-        ))
     }
 }

@@ -12,7 +12,7 @@ use burn::backend::{
 };
 use burn::tensor::Shape;
 
-use crate::RelationOps;
+use crate::ops::RelationOps;
 
 /// `S = sigmoid(scale p1·p2)`: `dp1 = dS S (1 - S) scale p2`, `dp2 = dS S (1 - S) scale p1`.
 #[derive(Debug)]

@@ -5,8 +5,7 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::{calculate_cube_count_elemwise, prelude::*};
 
-use crate::launches;
-use crate::tile::cube::empty_like;
+use crate::cube::empty_like;
 
 #[cube(launch)]
 fn self_relation_kernel<F: Float>(
@@ -32,7 +31,6 @@ fn self_relation_kernel<F: Float>(
 
 /// Launches the kernel on contiguous copies of `p1`, `p2` (`[B, T, H, D]`) -> `[B, T, H]`.
 pub(crate) fn forward(p1: CubeTensor, p2: CubeTensor, scale: f32) -> CubeTensor {
-    launches::record(&launches::SELF_RELATION);
     p1.assert_is_on_same_device(&p2);
     let p1 = into_contiguous(p1);
     let p2 = into_contiguous(p2);

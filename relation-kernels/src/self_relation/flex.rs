@@ -4,8 +4,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 use rayon::prelude::*;
 
-use crate::launches;
-use crate::tile::flex::{Unfused, dims4, output, read_f32, sigmoid, tensor};
+use crate::flex::{Unfused, dims4, output, read_f32, sigmoid, tensor};
 
 /// Rows per parallel task.
 const ROWS_PER_TASK: usize = 1024;
@@ -15,7 +14,6 @@ const ROWS_PER_TASK: usize = 1024;
 /// # Shapes
 /// - `p1`, `p2`: `[B, T, H, D]`; output `[B, T, H]` in `p1`'s dtype
 pub(crate) fn forward(p1: FlexTensor, p2: FlexTensor, scale: f32) -> FlexTensor {
-    launches::record(&launches::SELF_RELATION);
     let [b, t, h, d] = dims4(&p1);
     let dtype = p1.dtype();
     let (p1, p2) = (read_f32(&p1), read_f32(&p2)); // [B·T·H, D]

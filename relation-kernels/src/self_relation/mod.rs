@@ -10,7 +10,9 @@ use burn::backend::Dispatch;
 use burn::tensor::Tensor;
 use relation_core::{check, naive_self_relation};
 
-use crate::{RelationOps, Result, Strategy};
+use crate::error::Result;
+use crate::ops::RelationOps;
+use crate::strategy::Strategy;
 
 /// Self relation `S_i = sigmoid(p1_i · p2_i / (tau sqrt D))`, on any device.
 ///

@@ -73,9 +73,8 @@ impl CausalSelfAttention {
     /// equal rows of `R` tokens at segment boundaries (the trainer's packed micro-batch: `B`
     /// rows of `T`), one attention call over `[total / R, H, R, R]` with a mask that keeps each
     /// query on its own document's keys costs `total · R`; one call per document costs
-    /// `Σ len²` plus a fixed overhead per call, measured on Flex at about what `12,288` score
-    /// entries cost (the 3.7M model: per-document calls train 0.89x as fast as the masked rows
-    /// at `R = 256`, 2.3x as fast at `R = 1024`, over paragraphs of ~90 tokens).
+    /// `Σ len²` plus a fixed overhead per call, taken as what `12,288` score entries cost (the
+    /// constant below; measured on Flex, `docs/bench/packed.md`).
     ///
     /// # Shapes
     /// - `x`: `[1, total, d]`, output: `[1, total, d]`

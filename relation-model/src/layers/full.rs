@@ -5,7 +5,7 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use relation_core::{RopePositions, Segments, naive_exchange_only_rows, naive_relation_rows};
-use relation_kernels::{Strategy, flash_exchange_only, flash_relation, flash_relation_packed};
+use relation_kernels::{FlashInputs, Strategy, flash_exchange_only, flash_relation};
 
 use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads};
 use crate::cache::LayerCache;
@@ -110,10 +110,15 @@ impl MultiHeadRelation {
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (p1, p2, info) = self.projection.forward(x, 0)?;
+        self.relation(FlashInputs::new(p1, p2, info))
+    }
+
+    /// FlashRelation (or its Exchange-only ablation) of `x`, then the output projection.
+    fn relation(&self, x: FlashInputs) -> crate::Result<Tensor<3>> {
         let y = if self.exchange_only {
-            flash_exchange_only(p1, p2, info, None, Strategy::Auto)?
+            flash_exchange_only(x, Strategy::Auto)?
         } else {
-            flash_relation(p1, p2, info, self.lambda(), self.tau, Strategy::Auto)?
+            flash_relation(x, self.lambda(), self.tau, Strategy::Auto)?
         };
         dense(&self.wo, merge_heads(y))
     }
@@ -130,20 +135,7 @@ impl MultiHeadRelation {
     pub fn forward_packed(&self, x: Tensor<3>, segments: &Segments) -> crate::Result<Tensor<3>> {
         let positions = RopePositions::Packed(segments.clone());
         let (p1, p2, info) = self.projection.forward_at(x, &positions)?;
-        let y = if self.exchange_only {
-            flash_exchange_only(p1, p2, info, Some(segments), Strategy::Auto)?
-        } else {
-            flash_relation_packed(
-                p1,
-                p2,
-                info,
-                self.lambda(),
-                self.tau,
-                segments,
-                Strategy::Auto,
-            )?
-        };
-        dense(&self.wo, merge_heads(y))
+        self.relation(FlashInputs::new(p1, p2, info).packed(segments.clone()))
     }
 
     /// Incremental forward with the Relation Cache: appends the new tokens' rotated `P2` and `Ĩ`
@@ -163,15 +155,7 @@ impl MultiHeadRelation {
         // A prefill from an empty cache is the full causal forward (fused); later chunks compute
         // their rows against every cached position with the reference.
         let y = match (offset, self.exchange_only) {
-            (0, false) => flash_relation(
-                p1,
-                p2_all,
-                info_all,
-                self.lambda(),
-                self.tau,
-                Strategy::Auto,
-            )?,
-            (0, true) => flash_exchange_only(p1, p2_all, info_all, None, Strategy::Auto)?,
+            (0, _) => return self.relation(FlashInputs::new(p1, p2_all, info_all)),
             (_, false) => naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?,
             (_, true) => naive_exchange_only_rows(p1, p2_all, info_all)?,
         };

@@ -5,7 +5,7 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use relation_core::{RopePositions, Segments};
-use relation_kernels::{LinearRelationMode, Strategy, linear_relation, linear_relation_packed};
+use relation_kernels::{LinearInputs, LinearRelationMode, Strategy, linear_relation};
 
 use super::{
     LogDecayGate, LogDecayGateConfig, RelationProjection, RelationProjectionConfig, dense, linear,
@@ -122,16 +122,15 @@ impl LinearRelation {
     ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
         let (p1, p2, info) = self.projection.forward(x.clone(), offset)?;
         let log_alpha = self.gate.forward(x)?; // [B, n, H, D]
-        let out = linear_relation(
+        let inputs = LinearInputs {
             p1,
             p2,
             info,
             log_alpha,
-            self.tau,
-            state,
-            self.mode,
-            Strategy::Auto,
-        )?;
+            initial_state: state,
+            segments: None,
+        };
+        let out = linear_relation(inputs, self.tau, self.mode, Strategy::Auto)?;
         Ok((dense(&self.wo, merge_heads(out.y))?, out.state))
     }
 
@@ -162,17 +161,8 @@ impl LinearRelation {
         let positions = RopePositions::Packed(segments.clone());
         let (p1, p2, info) = self.projection.forward_at(x.clone(), &positions)?;
         let log_alpha = self.gate.forward(x)?; // [1, total, H, D]
-        let out = linear_relation_packed(
-            p1,
-            p2,
-            info,
-            log_alpha,
-            self.tau,
-            None,
-            segments,
-            self.mode,
-            Strategy::Auto,
-        )?;
+        let inputs = LinearInputs::new(p1, p2, info, log_alpha).packed(segments.clone());
+        let out = linear_relation(inputs, self.tau, self.mode, Strategy::Auto)?;
         Ok((dense(&self.wo, merge_heads(out.y))?, out.state))
     }
 

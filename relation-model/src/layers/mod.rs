@@ -143,14 +143,12 @@ pub(crate) fn rope_heads(
     rope_base: f64,
 ) -> crate::Result<Tensor<4>> {
     let x = split_heads(dense(layer, x)?, heads); // [B, T, H, D]
-    Ok(match positions {
-        RopePositions::From(offset) => {
-            relation_kernels::rope(x, *offset, rope_base, Strategy::Auto)?
-        }
-        RopePositions::Packed(segments) => {
-            relation_kernels::rope_packed(x, segments, rope_base, Strategy::Auto)?
-        }
-    })
+    Ok(relation_kernels::rope(
+        x,
+        positions,
+        rope_base,
+        Strategy::Auto,
+    )?)
 }
 
 /// Per-head RMS normalisation over `D` (`x / sqrt(mean_D x^2 + 1e-6)`), applied by retention and

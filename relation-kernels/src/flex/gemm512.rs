@@ -19,8 +19,7 @@
 //!   step of `k` issues 4 loads of `B`, 6 broadcasts of `A` and 24 fused multiply-adds: 12 cycles
 //!   of the two 512-bit FMA ports, with loads to spare. Its loop runs four steps per turn from
 //!   two base pointers and constant offsets, so the integer work of the loop (which competes for
-//!   the FMA units' ports) is paid once per 96 multiply-adds: 12–16 % faster than one step per
-//!   turn on the Xeon below.
+//!   the FMA units' ports) is paid once per 96 multiply-adds.
 //! - `K` is cut into blocks of [`KC`] = 256; the first block stores its partial sums, later blocks
 //!   add theirs to what is stored.
 //! - Tasks on the thread pool own disjoint parts of `C`. Row tasks ([`MC`] = 96 rows, fewer when
@@ -33,15 +32,22 @@
 //! of `K`, the blocks added in order: the same bits for any thread count, since tasks split rows
 //! or columns, never a sum. The bits differ from faer's (which orders its sums differently).
 //!
-//! Measured on a 2-core Intel Xeon (AVX-512, two FMA ports), `examples/matmul_bench.rs` with
-//! `RELATION_GEMM=faer` and `avx512` in turn, two runs each: the `[4096, 256] x [256, 256 | 512]`
-//! projections at 266–279 GFLOP/s where faer ran at 210–223, the weight gradients
-//! (`[256 | 512, 4096] x [4096, 256 … 768]`) at 194–240 against 119–190, the tied head and its
-//! gradient at 184–225 against 155–181; PyTorch's GEMM (`scripts/bench/torch_gemm.py`) ran the
-//! projections at 320–355 on the same machine in an earlier session.
-//! On AMD's Zen 4, whose 512-bit operations run as two halves, faer's products were the fastest
-//! measured (above PyTorch's) and this kernel has not been measured, so [`FlexGemm::detect`]
-//! keeps faer there.
+//! `examples/matmul_bench.rs` compares it with faer (`RELATION_GEMM=faer` and `avx512` in turn)
+//! at the model's shapes; the figures are in `docs/bench/cpu-train.md`. On AMD's Zen 4, whose
+//! 512-bit operations run as two halves, faer's products were the fastest measured and this
+//! kernel has not been measured, so [`FlexGemm::detect`] keeps faer there.
+//!
+//! One file on purpose: the packing of `A` and `B`, the schedule of blocks and tasks and the
+//! micro-kernel share one panel layout and one safety contract (below), which split files would
+//! each have to restate.
+//!
+//! # Safety
+//! The micro-kernel reads and writes through raw pointers with AVX-512 intrinsics. Its contract
+//! ([`tile`], [`block`]) is that every pointer it is given, advanced by the steps it takes, stays
+//! inside the buffer it came from: `A`'s rows and steps of `K` inside `A`'s slice (or the packed
+//! copy), the panel's rows inside the packed `B`, and `C`'s rows `ldc` apart inside the output of
+//! `M x N` values, each task writing only its own rows or panels. [`product_into`] establishes it
+//! from the views' extents (checked by [`View::check`]) before any task starts.
 
 #![allow(unsafe_code)]
 
@@ -90,10 +96,10 @@ impl FlexGemm {
     }
 
     /// The default for this CPU: [`FlexGemm::Avx512`] on Intel CPUs with AVX-512 (two full-width
-    /// FMA ports, where faer's products ran at ~65 % of the machine's peak and these at ~75 %),
-    /// faer everywhere else (on AMD's Zen 4 faer's products were the fastest measured).
+    /// FMA ports, where these products ran closer to the machine's peak than faer's), faer
+    /// everywhere else (on AMD's Zen 4 faer's products were the fastest measured).
     pub fn detect() -> Self {
-        if crate::tile::flex::cpu_vendor() == *b"GenuineIntel" && Self::Avx512.is_available() {
+        if super::simd::cpu_vendor() == *b"GenuineIntel" && Self::Avx512.is_available() {
             Self::Avx512
         } else {
             Self::Faer
@@ -113,8 +119,8 @@ pub fn flex_gemm() -> FlexGemm {
             Ok("faer") => Some(FlexGemm::Faer),
             Ok("auto" | "") | Err(_) => None,
             Ok(other) => {
-                eprintln!(
-                    "warning: RELATION_GEMM={other} is not one of avx512, faer, auto; using {}",
+                tracing::warn!(
+                    "RELATION_GEMM={other} is not one of avx512, faer, auto; using {}",
                     FlexGemm::detect().name()
                 );
                 None
@@ -123,8 +129,8 @@ pub fn flex_gemm() -> FlexGemm {
         match chosen {
             Some(g) if g.is_available() => g,
             Some(g) => {
-                eprintln!(
-                    "warning: RELATION_GEMM={}: this CPU does not have it; using {}",
+                tracing::warn!(
+                    "RELATION_GEMM={}: this CPU does not have it; using {}",
                     g.name(),
                     FlexGemm::detect().name()
                 );
@@ -141,9 +147,6 @@ pub fn flex_gemm() -> FlexGemm {
 /// values, then costs at most 1/512 of a value moved per multiply-add), `M >= 128` for a
 /// transposed one (the weight gradients `Xᵀ G`, `M` = a layer's input width, 256 or 512 in the
 /// 3.7M model; their `A` is packed too, see [`COLUMN_TASKS_MAX_M`]).
-///
-/// Measured on a 2-core Intel Xeon (`examples/matmul_bench.rs`): the weight gradients at
-/// 194–240 GFLOP/s where faer ran at 119–190 (see the module doc).
 pub(crate) fn suits(m: usize, n: usize, k: usize, transposed_a: bool) -> bool {
     let rows = if transposed_a { m >= 128 } else { m >= 512 };
     rows && n >= 16 && k >= 16 && flex_gemm() == FlexGemm::Avx512
@@ -193,8 +196,11 @@ impl<'a> View<'a> {
 /// A pointer that tasks on the thread pool may share: each writes only its own rows.
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
-// SAFETY: the tasks that share it write disjoint row ranges of one buffer.
+// SAFETY: the pointer is only dereferenced by `block`, and the tasks that share it write
+// disjoint row ranges (or column panels) of one buffer that outlives them all (`product_into`
+// joins every task before returning).
 unsafe impl Send for SendPtr {}
+// SAFETY: as for `Send`: shared references only hand the pointer to tasks with disjoint writes.
 unsafe impl Sync for SendPtr {}
 
 impl SendPtr {
@@ -408,6 +414,13 @@ enum Right<'a> {
 /// `cs = M`) would put the steps of `k` `M·4` bytes apart, a multiple of 4 KiB at the model's
 /// widths, all in one L1 set; its block is first copied into `buf` as `[group][kc][MR]` (each
 /// step of `k` the group's six values, adjacent), once per block of `K` for all the panels.
+///
+/// # Safety
+/// The CPU has AVX-512F. `c` points to a row-major `[M, n]` buffer (`M = a.rows`) that is valid
+/// for writes at every element of rows `rows` and of the columns of panels `panels`, and no other
+/// thread writes those elements while this runs; `rows` lies inside `0..a.rows` and `panels`
+/// inside the panels of `n` columns; a packed `right` was packed from a `B` of `a.cols` rows and
+/// `n` columns.
 #[target_feature(enable = "avx512f")]
 unsafe fn block(
     a: View<'_>,
@@ -456,6 +469,7 @@ unsafe fn block(
                 } else {
                     (buf[(i - r0) / MR * kc * MR..].as_ptr(), 1)
                 };
+                // SAFETY: row `i < r1 <= M` and column `p·NR < n` lie inside `c`'s `[M, n]`.
                 let c_at = unsafe { c.add(i * n + p * NR) };
                 let args = Tile {
                     kc,
@@ -511,7 +525,7 @@ fn pack_a(a: View<'_>, r0: usize, r1: usize, k0: usize, kc: usize, buf: &mut [f3
             // as it is for the groups after the first of each line).
             if q + PACK_A_AHEAD < kc {
                 let ahead = at + PACK_A_AHEAD * a.cs;
-                crate::tile::flex::prefetch(&a.data[ahead..ahead + 1]);
+                super::simd::prefetch(&a.data[ahead..ahead + 1]);
             }
             if rows == MR {
                 // A fixed-length copy: two moves, not a call to memcpy.
@@ -556,6 +570,12 @@ struct Tile {
 /// The steps run [`KU`] at a time with constant offsets from two base pointers, so that
 /// the loop's integer work (which shares ports with the vector units) stays small beside the
 /// `96·R/6` multiply-adds of a turn.
+///
+/// # Safety
+/// The CPU has AVX-512F. `t.a` is valid for reads at steps `0..t.kc` of rows `0..R` in the layout
+/// `PACKED` names; `t.b` points to `t.kc` rows of a packed panel (64 values each, 64-byte
+/// aligned); `t.c` is valid for reads and writes at rows `0..R` (`t.ldc` apart), in the lanes
+/// `t.masks` selects, and no other thread touches them while this runs.
 #[target_feature(enable = "avx512f")]
 #[inline]
 unsafe fn tile<const R: usize, const PACKED: bool>(t: Tile) {

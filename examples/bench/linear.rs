@@ -19,20 +19,20 @@
 //! Before a method is timed at a `T`, its forward output is checked: the Linear Relation paths
 //! against `relation_core::naive_chunk_linear_relation` run on the CPU (Flex) from the same
 //! inputs, FlashRelation as in the FlashRelation benchmark; a wrong output gives a `failed: …`
-//! row instead of times (see [`crate::flash_bench`]).
+//! row instead of times (see [`crate::bench::flash`]).
 
 use std::io::Write;
 use std::time::Duration;
 
-use crate::flash_bench::{check_relation_output, check_row, check_tolerance};
+use crate::bench::flash::{check_relation_output, check_row, check_tolerance};
 use crate::{BenchArgs, Peak, bytes_held_by, device_label, mib, ms, peak_bytes, peak_mib, time_on};
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_chunk_linear_relation};
 
 use relation_kernels::{
-    CHUNK_SIZES, Strategy, chunk_linear_relation, flash_relation, fused_recurrent_linear_relation,
-    linear_relation_step,
+    CHUNK_SIZES, FlashInputs, LinearInputs, Strategy, chunk_linear_relation, flash_relation,
+    fused_recurrent_linear_relation, linear_relation_step,
 };
 
 /// `--seqs` and `--iters` without the flags.
@@ -132,35 +132,21 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Result<R
         let [p1, p2, info, gates] = x.clone();
         match method {
             Method::Chunk => {
-                chunk_linear_relation(
-                    p1,
-                    p2,
-                    info,
-                    gates,
-                    DEFAULT_TAU,
-                    None,
-                    args.chunk,
-                    Strategy::Fused,
-                )
-                .expect("chunk")
-                .y
+                let inputs = LinearInputs::new(p1, p2, info, gates);
+                chunk_linear_relation(inputs, DEFAULT_TAU, args.chunk, Strategy::Fused)
+                    .expect("chunk")
+                    .y
             }
             Method::Recurrent => {
-                fused_recurrent_linear_relation(
-                    p1,
-                    p2,
-                    info,
-                    gates,
-                    DEFAULT_TAU,
-                    None,
-                    Strategy::Fused,
-                )
-                .expect("linear")
-                .y
+                let inputs = LinearInputs::new(p1, p2, info, gates);
+                fused_recurrent_linear_relation(inputs, DEFAULT_TAU, Strategy::Fused)
+                    .expect("linear")
+                    .y
             }
             Method::Flash => {
-                let lambda = Tensor::<1>::from_data([crate::flash_bench::LAMBDA], &p1.device());
-                flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("flash")
+                let lambda = Tensor::<1>::from_data([crate::bench::flash::LAMBDA], &p1.device());
+                let inputs = FlashInputs::new(p1, p2, info);
+                flash_relation(inputs, lambda, DEFAULT_TAU, Strategy::Fused).expect("flash")
             }
         }
     };
@@ -275,16 +261,8 @@ pub fn run(args: &Args) {
     );
     let step = time_on(&device, 20, &mut || {
         let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| token[i].clone());
-        let _ = linear_relation_step(
-            p1,
-            p2,
-            info,
-            gates - 0.1,
-            DEFAULT_TAU,
-            state.clone(),
-            Strategy::Fused,
-        )
-        .expect("step");
+        let inputs = LinearInputs::new(p1, p2, info, gates - 0.1).with_state(state.clone());
+        let _ = linear_relation_step(inputs, DEFAULT_TAU, Strategy::Fused).expect("step");
     });
     let tail = format!(
         "\nlargest T run: {largest}; training crossover (FlashRelation slower than the chunked \

@@ -117,26 +117,6 @@ pub(crate) fn load_rows<F: Float>(
     }
 }
 
-/// [`load_rows`] from a contiguous `[B, T, H, D]` tensor, unscaled: token rows
-/// `first..first + rows` of the head that starts at `base` (exponentiated when `exp`; zero past
-/// `T`). `T` and the row stride `H·D` come from `src`'s shape. The caller synchronises.
-#[cube]
-pub(crate) fn load_head_rows<F: Float>(
-    src: &Tensor<F>,
-    tile: &mut Shared<[f32]>,
-    base: usize,
-    first: usize,
-    #[comptime] rows: usize,
-    #[comptime] head_dim: usize,
-    #[comptime] exp: bool,
-) {
-    let seq = src.shape(1);
-    let row_stride = src.shape(2) * head_dim; // contiguous [B, T, H, D]
-    load_rows::<F>(
-        src, tile, base, row_stride, first, seq, 1.0, rows, head_dim, exp,
-    );
-}
-
 /// Where the sequence and head of one cube live in the layouts the Linear Relation kernels
 /// share: the inputs `[B, T, H, D]` (contiguous; packed: `[1, total, H, D]`), the initial states
 /// `[N, H, D, D]` and the bundled output `[B, H, T + n D, D]` (the `T` output rows of a row, then
@@ -388,7 +368,7 @@ impl SequenceTiles {
     /// `like`'s device, for `heads` heads.
     pub fn new(
         like: &CubeTensor,
-        sequences: &[crate::tile::Sequence],
+        sequences: &[crate::sequence::Sequence],
         block: usize,
         heads: usize,
     ) -> Self {
@@ -404,7 +384,7 @@ impl SequenceTiles {
     /// Linear Relation kernels ([`head_of_sequence`]), `per_row` sequences per row.
     pub fn sequences(
         like: &CubeTensor,
-        sequences: &[crate::tile::Sequence],
+        sequences: &[crate::sequence::Sequence],
         per_row: usize,
         heads: usize,
     ) -> Self {

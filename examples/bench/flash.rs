@@ -44,7 +44,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_parallel_relation};
-use relation_kernels::{Strategy, flash_relation, has_kernels};
+use relation_kernels::{FlashInputs, Strategy, flash_relation, has_kernels};
 
 /// `--seqs` and `--iters` without the flags.
 const SEQS: [usize; 5] = [256, 512, 1024, 2048, 4096];
@@ -95,9 +95,13 @@ fn apply(
     lambda: Tensor<1>,
 ) -> Tensor<4> {
     match method {
-        Method::Fused => {
-            flash_relation(p1, p2, info, lambda, DEFAULT_TAU, Strategy::Fused).expect("fused")
-        }
+        Method::Fused => flash_relation(
+            FlashInputs::new(p1, p2, info),
+            lambda,
+            DEFAULT_TAU,
+            Strategy::Fused,
+        )
+        .expect("fused"),
         Method::Materialized => {
             naive_parallel_relation(p1, p2, info, lambda, DEFAULT_TAU).expect("reference")
         }
