@@ -7,14 +7,14 @@
 //!   mixers share ([`layers::RelationProjection`], [`layers::LogDecayGate`]) and SwiGLU.
 //! - [`model`] holds [`RelationLm`], its blocks, save/load and safetensors export/import.
 //! - [`cache`] holds the per-layer caches of incremental decoding ([`LmCache`]).
-//! - [`checkpointed`] holds the training pass with activation checkpointing and a chunked loss
+//! - [`activation_checkpointing`] holds the training pass with activation checkpointing and a chunked loss
 //!   ([`RelationLm::checkpointed_step`], [`CheckpointedStep`]).
 //! - [`generate`] holds sampling ([`Sampling`]).
 //! - [`flops`] counts the model FLOPs per token ([`RelationLm::training_flops_per_token`]).
 //! - [`error`] holds [`ModelError`].
 
+pub mod activation_checkpointing;
 pub mod cache;
-pub mod checkpointed;
 pub mod config;
 pub mod error;
 pub mod flops;
@@ -24,8 +24,8 @@ pub mod layers;
 pub mod learner;
 pub mod model;
 
+pub use activation_checkpointing::{CheckpointedStep, DEFAULT_LOSS_CHUNK};
 pub use cache::{LayerCache, LmCache};
-pub use checkpointed::{CheckpointedStep, DEFAULT_LOSS_CHUNK};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};
 pub use generate::{PREFILL_CHUNK, Sampling};

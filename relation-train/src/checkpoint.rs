@@ -32,10 +32,6 @@ use crate::{Result, TrainError};
 /// Version of the `state.json` layout.
 pub const FORMAT: u32 = 1;
 
-/// Test hook: when this environment variable is `1`, a save aborts the process after writing
-/// the model file (simulating a kill in the middle of a checkpoint write).
-pub const CRASH_DURING_SAVE_ENV: &str = "RELATION_TEST_CRASH_DURING_SAVE";
-
 /// Size and checksum of one checkpoint file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileSum {
@@ -111,8 +107,21 @@ pub fn save(
     run: &Path,
     model: &RelationLm,
     optim: &ModuleOptimizer,
+    state: CheckpointState,
+    keep: usize,
+) -> Result<PathBuf> {
+    save_or_crash(run, model, optim, state, keep, false)
+}
+
+/// [`save`], aborting the process after the model file when `crash_after_model` (the fault
+/// [`Faults::crash_during_save`](crate::faults::Faults::crash_during_save)).
+pub(crate) fn save_or_crash(
+    run: &Path,
+    model: &RelationLm,
+    optim: &ModuleOptimizer,
     mut state: CheckpointState,
     keep: usize,
+    crash_after_model: bool,
 ) -> Result<PathBuf> {
     let root = checkpoints_dir(run);
     fs::create_dir_all(&root).map_err(io(&root))?;
@@ -123,8 +132,8 @@ pub fn save(
 
     let model_path = tmp.join("model.bpk");
     model.save(&model_path)?;
-    if std::env::var(CRASH_DURING_SAVE_ENV).as_deref() == Ok("1") {
-        tracing::error!("{CRASH_DURING_SAVE_ENV}=1: aborting in the middle of a checkpoint write");
+    if crash_after_model {
+        tracing::error!("fault crash-during-save: aborting in the middle of a checkpoint write");
         std::process::abort();
     }
     let optim_path = tmp.join("optim.bpk");

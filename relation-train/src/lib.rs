@@ -8,10 +8,15 @@ pub mod config;
 pub mod data;
 pub mod error;
 pub mod evaluate;
+#[cfg(feature = "testing")]
+pub mod faults;
+#[cfg(not(feature = "testing"))]
+mod faults;
 pub mod fs;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
+mod plot;
 pub mod precision;
 pub mod report;
 pub mod sample;

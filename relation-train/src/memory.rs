@@ -7,12 +7,10 @@
 /// Why: a training step allocates and frees the same multi-megabyte buffers every step (each
 /// layer's activations and gradients, the `[B·T, V]` logits). By default glibc serves every
 /// allocation above its mmap threshold with a fresh `mmap` and unmaps it on free, so every step
-/// page-faults in (and the kernel zeroes) hundreds of megabytes: ~11 % of the CPU time of the
-/// 3.7M-parameter CPU step went to page faults. With no `mmap` for allocations and no trimming,
-/// the buffers come back from the heap already mapped. Measured (`scripts/bench/ab.sh`, 3
-/// interleaved rounds, same binary with and without these settings): 3,128 / 3,678 / 3,485
-/// tokens/s without, 3,952 / 3,970 / 3,686 with. The price: the process keeps its peak memory
-/// until it exits, as a trainer does anyway.
+/// page-faults in (and the kernel zeroes) hundreds of megabytes, a large share of a CPU step's
+/// time. With no `mmap` for allocations and no trimming, the buffers come back from the heap
+/// already mapped (measured with `scripts/bench/ab.sh`: `docs/bench/cpu-train.md`). The price:
+/// the process keeps its peak memory until it exits, as a trainer does anyway.
 ///
 /// One limit: a thread other than the main one allocates from an arena of its own, which grows
 /// in heaps of at most 64 MiB, and glibc still maps a single request larger than such a heap

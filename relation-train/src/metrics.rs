@@ -162,51 +162,13 @@ impl Metrics {
     }
 }
 
-/// A TrueType font for the chart's text: `RELATION_FONT`, else common system locations.
-fn find_font() -> Option<&'static [u8]> {
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = std::env::var_os("RELATION_FONT") {
-        candidates.push(p.into());
-    }
-    for p in [
-        "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/TTF/DejaVuSans.ttf",
-        "/usr/share/fonts/dejavu/DejaVuSans.ttf",
-        "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
-        "/usr/share/fonts/liberation-sans/LiberationSans-Regular.ttf",
-        "/System/Library/Fonts/Supplemental/Arial.ttf",
-        "/Library/Fonts/Arial.ttf",
-        "C:\\Windows\\Fonts\\arial.ttf",
-    ] {
-        candidates.push(p.into());
-    }
-    candidates
-        .into_iter()
-        .find_map(|p| fs::read(p).ok())
-        .map(|bytes| &*Box::leak(bytes.into_boxed_slice()))
-}
-
-/// Registers a system TrueType font as plotters' "sans-serif" (once per process); whether one was
-/// found. Without one, plots are drawn without text.
-pub(crate) fn register_font() -> bool {
-    use plotters::style::FontStyle;
-    use std::sync::OnceLock;
-    static FONT: OnceLock<bool> = OnceLock::new();
-    *FONT.get_or_init(|| match find_font() {
-        Some(bytes) => {
-            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
-        }
-        None => false,
-    })
-}
-
 fn plot_losses(rows: &[Row], path: &Path, title: &str) -> std::result::Result<(), String> {
-    use plotters::prelude::*;
+    use crate::plot::{Chart, Line, draw, padded_range};
+    use plotters::style::{BLUE, RED};
 
     if rows.is_empty() {
         return Err("no steps logged".into());
     }
-    let has_font = register_font();
     let train: Vec<(f64, f64)> = rows
         .iter()
         .filter(|r| r.loss.is_finite())
@@ -217,60 +179,15 @@ fn plot_losses(rows: &[Row], path: &Path, title: &str) -> std::result::Result<()
         .filter_map(|r| r.val_loss.map(|v| (r.step as f64, v)))
         .collect();
     let max_step = rows.last().map_or(1, |r| r.step).max(2) as f64;
-    let all = train.iter().chain(&val).map(|p| p.1);
-    let (lo, hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| {
-        (a.min(y), b.max(y))
-    });
-    let pad = ((hi - lo) * 0.05).max(1e-3);
-    let err = |e: &dyn std::fmt::Display| e.to_string();
-
-    let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(&e))?;
-    let mut builder = ChartBuilder::on(&root);
-    builder.margin(20);
-    if has_font {
-        builder
-            .caption(title, ("sans-serif", 22))
-            .x_label_area_size(40)
-            .y_label_area_size(60);
-    }
-    let mut chart = builder
-        .build_cartesian_2d(1.0..max_step, (lo - pad)..(hi + pad))
-        .map_err(|e| err(&e))?;
-    let mut mesh = chart.configure_mesh();
-    if has_font {
-        mesh.x_desc("optimizer step").y_desc("loss (nats / token)");
-    } else {
-        mesh.disable_x_axis().disable_y_axis();
-    }
-    mesh.draw().map_err(|e| err(&e))?;
-    let series = chart
-        .draw_series(LineSeries::new(train, &BLUE))
-        .map_err(|e| err(&e))?;
-    if has_font {
-        series
-            .label("train")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLUE));
-    }
-    let series = chart
-        .draw_series(LineSeries::new(val.clone(), RED.stroke_width(2)))
-        .map_err(|e| err(&e))?;
-    if has_font {
-        series
-            .label("validation")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], RED));
-    }
+    let y = padded_range(train.iter().chain(&val).map(|p| p.1), 0.05, 1e-3, false)
+        .ok_or("no finite loss")?;
+    let mut chart = Chart::new(title, 1.0..max_step, y);
+    chart.y_desc = Some("loss (nats / token)");
     chart
-        .draw_series(val.into_iter().map(|p| Circle::new(p, 4, RED.filled())))
-        .map_err(|e| err(&e))?;
-    if has_font {
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()
-            .map_err(|e| err(&e))?;
-    }
-    root.present().map_err(|e| err(&e))?;
-    Ok(())
+        .lines
+        .push(Line::new(Some("train".into()), train, BLUE.into(), 1));
+    let mut validation = Line::new(Some("validation".into()), val, RED.into(), 2);
+    validation.dots = 4;
+    chart.lines.push(validation);
+    draw(path, (960, 600), &[chart])
 }

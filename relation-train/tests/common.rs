@@ -122,6 +122,14 @@ pub fn latest(run: &Path) -> String {
     std::fs::read_to_string(run.join("checkpoints/latest")).unwrap()
 }
 
+/// `args` with one more injected fault (`--fault`, a `testing` build's flag).
+pub fn fault(args: &[String], fault: &str) -> Vec<String> {
+    let mut args = args.to_vec();
+    args.push("--fault".into());
+    args.push(fault.into());
+    args
+}
+
 /// Replaces the value after `flag` in `args`, or appends the pair.
 pub fn with(mut args: Vec<String>, flag: &str, value: &str) -> Vec<String> {
     match args.iter().position(|a| a == flag) {

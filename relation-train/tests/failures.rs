@@ -13,10 +13,7 @@ fn crash_during_checkpoint_write_keeps_the_previous_one() {
     ok(&with(tiny_args(&run, &cache, &corpus), "--stop-at", "4"));
     assert_eq!(latest(&run), "step-00000004");
     // Abort in the middle of writing the step-6 checkpoint (after the model file).
-    let out = relation(
-        &resume_args(&run),
-        &[("RELATION_TEST_CRASH_DURING_SAVE", "1")],
-    );
+    let out = relation(&fault(&resume_args(&run), "crash-during-save"), &[]);
     assert!(!out.status.success(), "{}", text(&out));
     assert_eq!(
         latest(&run),
@@ -155,8 +152,8 @@ fn non_finite_loss_stops_and_keeps_the_last_good_checkpoint() {
     let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
     let run = tmp.path().join("run");
     let t = fails_with(
-        &tiny_args(&run, &cache, &corpus),
-        &[("RELATION_TEST_POISON_STEP", "3")],
+        &fault(&tiny_args(&run, &cache, &corpus), "poison-steps=3"),
+        &[],
         "training stopped at step 3: loss is NaN",
     );
     assert!(

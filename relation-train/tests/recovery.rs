@@ -35,7 +35,7 @@ fn a_failed_first_start_can_be_rerun_or_resumed() {
     let run = tmp.path().join("run");
     let args = tiny_args(&run, &cache, &corpus);
     // Dies at step 1, before the first checkpoint (step 2): config.json exists, no checkpoint.
-    fails_with(&args, &[("RELATION_TEST_POISON_STEP", "1")], "step 1");
+    fails_with(&fault(&args, "poison-steps=1"), &[], "step 1");
     assert!(run.join("config.json").exists());
     assert!(!run.join("checkpoints/latest").exists());
     // The same command again starts afresh (it used to be refused as "already holds a run").
@@ -47,7 +47,7 @@ fn a_failed_first_start_can_be_rerun_or_resumed() {
     // --resume after a failed first start begins at step 0 with the saved configuration.
     let run2 = tmp.path().join("run2");
     let args2 = tiny_args(&run2, &cache, &corpus);
-    fails_with(&args2, &[("RELATION_TEST_POISON_STEP", "1")], "step 1");
+    fails_with(&fault(&args2, "poison-steps=1"), &[], "step 1");
     let out = ok(&resume_args(&run2));
     assert!(out.contains("starting from step 0"), "{out}");
     assert!(out.contains("finished at step 8/8"), "{out}");
@@ -187,7 +187,7 @@ fn non_finite_steps_can_be_skipped_up_to_a_cap() {
     let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
     let run = tmp.path().join("run");
     let args = plus(tiny_args(&run, &cache, &corpus), &["--on-nan", "skip"]);
-    let out = relation(&args, &[("RELATION_TEST_POISON_STEP", "3")]);
+    let out = relation(&fault(&args, "poison-steps=3"), &[]);
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     assert!(t.contains("update skipped (1 of at most 10 skips)"), "{t}");
@@ -205,22 +205,29 @@ fn non_finite_steps_can_be_skipped_up_to_a_cap() {
         with(tiny_args(&run2, &cache, &corpus), "--stop-at", "4"),
         &["--on-nan", "skip", "--max-skipped-steps", "2"],
     );
-    let out = relation(&args2, &[("RELATION_TEST_POISON_STEP", "2,3")]);
+    let out = relation(&fault(&args2, "poison-steps=2,3"), &[]);
     assert!(out.status.success(), "{}", text(&out));
     let t = fails_with(
         &plus(
             resume_args(&run2),
-            &["--on-nan", "skip", "--max-skipped-steps", "2"],
+            &[
+                "--on-nan",
+                "skip",
+                "--max-skipped-steps",
+                "2",
+                "--fault",
+                "poison-steps=6",
+            ],
         ),
-        &[("RELATION_TEST_POISON_STEP", "6")],
+        &[],
         "already skipped 2 steps",
     );
     assert!(t.contains("--from-checkpoint"), "says how to recover:\n{t}");
     // The default stops at the first one, and says how to go on.
     let run3 = tmp.path().join("run3");
     let t = fails_with(
-        &tiny_args(&run3, &cache, &corpus),
-        &[("RELATION_TEST_POISON_STEP", "3")],
+        &fault(&tiny_args(&run3, &cache, &corpus), "poison-steps=3"),
+        &[],
         "loss is NaN",
     );
     assert!(t.contains("--on-nan skip"), "{t}");

@@ -6,7 +6,7 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use relation_core::testing::SplitMix64;
 use relation_model::{RelationLm, RelationLmConfig};
 
-mod checkpointed;
+mod activation_checkpointing;
 mod config;
 mod decoding;
 mod layers;

@@ -295,6 +295,8 @@ fn run_train(args: &TrainArgs) -> Result<()> {
             stop_at: args.stop_at,
             on_nan: args.on_nan,
             max_skipped_steps: args.max_skipped_steps,
+            #[cfg(feature = "testing")]
+            faults: args.faults(),
         },
         &mut |event| console.show(event),
     );

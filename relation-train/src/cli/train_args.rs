@@ -49,6 +49,11 @@ pub struct TrainArgs {
     /// With --on-nan skip: the most steps a run may skip before it stops as diverged.
     #[arg(long, default_value_t = 10, value_name = "N")]
     pub max_skipped_steps: u64,
+    /// Faults to inject, for the trainer's tests (`testing` builds only): poison-steps=N[,N…],
+    /// loss-scale=X, crash-during-save, host-all-reduce.
+    #[cfg(feature = "testing")]
+    #[arg(long = "fault", value_name = "FAULT", hide = true)]
+    pub fault: Vec<crate::faults::Fault>,
     /// End this invocation after this step (writing a checkpoint), as if stopped; the schedule
     /// still spans --steps, and --resume continues exactly where it stopped.
     #[arg(long, value_name = "STEP")]
@@ -245,6 +250,16 @@ macro_rules! set {
 }
 
 impl TrainArgs {
+    /// The faults of the `--fault` flags, together.
+    #[cfg(feature = "testing")]
+    pub fn faults(&self) -> crate::faults::Faults {
+        let mut faults = crate::faults::Faults::default();
+        for fault in &self.fault {
+            faults.add(fault.clone());
+        }
+        faults
+    }
+
     /// Applies the flags to `cfg` (on resume, `train` then checks what they changed).
     pub(super) fn apply(&self, cfg: &mut RunConfig) {
         self.model.apply(&mut cfg.model);

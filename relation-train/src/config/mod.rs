@@ -241,7 +241,7 @@ pub struct TrainSpec {
     /// The dtype of the forward and backward passes: `f32`, or `f16` / `bf16` with f32 master
     /// weights (and dynamic loss scaling for f16); see [`crate::precision`].
     pub precision: Precision,
-    /// Activation checkpointing per block (`relation_model::checkpointed`): the forward pass
+    /// Activation checkpointing per block (`relation_model::activation_checkpointing`): the forward pass
     /// keeps only each block's input, the backward pass recomputes one block at a time, and the
     /// tied head and the loss run over chunks of tokens, so no `[T, V]` logits exist. Memory
     /// for long sequences falls from every block's activations to one block's; the price is

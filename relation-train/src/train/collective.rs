@@ -26,12 +26,6 @@ use crate::config::Reduce;
 use crate::error::NoCollective;
 use crate::{Result, TrainError};
 
-/// Test hook: the collective's arrangement (each replica sums its own micro-batches) with the
-/// all-reduce itself done by the host — the replicas' sums added in rank order on the first
-/// device, which is what an all-reduce `Sum` of two replicas computes — so the arrangement is
-/// tested on devices where Burn has no collective. Set to `1`.
-pub const HOST_ALL_REDUCE_ENV: &str = "RELATION_TEST_HOST_ALL_REDUCE";
-
 /// What a device is, as far as collectives go.
 enum Kind {
     /// A CubeCL device: its runtime's name, whether that runtime moves data between its devices
@@ -160,7 +154,8 @@ pub(super) enum Reduction {
     /// Each replica sums its own micro-batches in order, then Burn's `all_reduce` (`Sum`)
     /// adds the replicas' sums, device to device.
     Collective(Collective),
-    /// [`HOST_ALL_REDUCE_ENV`]: the collective's arrangement, its all-reduce done by the host.
+    /// [`Faults::host_all_reduce`](crate::faults::Faults::host_all_reduce): the collective's
+    /// arrangement, its all-reduce done by the host.
     HostAllReduce,
 }
 
@@ -173,15 +168,20 @@ impl Reduction {
     /// # Errors
     /// [`TrainError::Collective`] for `Reduce::Collective` over devices Burn's collective
     /// cannot reduce over.
-    pub(super) fn open(reduce: Reduce, names: &[String], devices: &[Device]) -> Result<Self> {
+    pub(super) fn open(
+        reduce: Reduce,
+        names: &[String],
+        devices: &[Device],
+        host_all_reduce: bool,
+    ) -> Result<Self> {
         let joined = names.join(" + ");
         if devices.len() < 2 {
             return Ok(Self::Ordered);
         }
-        if std::env::var(HOST_ALL_REDUCE_ENV).is_ok_and(|v| v == "1") {
+        if host_all_reduce {
             tracing::warn!(
                 devices = %joined,
-                hook = HOST_ALL_REDUCE_ENV,
+                fault = "host-all-reduce",
                 "data parallel: replica sums all-reduced by the host (test hook)"
             );
             return Ok(Self::HostAllReduce);

@@ -14,7 +14,6 @@
 //! (the library prints nothing: the caller shows the events).
 
 mod collective;
-mod evaluate;
 mod events;
 mod finish;
 mod resume;
@@ -22,6 +21,7 @@ mod run_dir;
 mod save;
 mod setup;
 mod step;
+mod validation;
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -38,20 +38,11 @@ use crate::precision::{LossScale, Precision};
 use run_dir::Start;
 use setup::Run;
 
-pub use collective::{HOST_ALL_REDUCE_ENV, collective_support};
+pub use collective::collective_support;
 pub use events::TrainEvent;
 // Defined with the crate's errors (the reason of `TrainError::Collective`); re-exported here
 // beside `collective_support`, which returns it.
 pub use crate::error::NoCollective;
-
-/// Test hook: a step number, or several separated by commas, whose loss is replaced by NaN (to
-/// exercise the divergence handling without waiting for a real divergence).
-pub const POISON_STEP_ENV: &str = "RELATION_TEST_POISON_STEP";
-
-/// Test hook: the loss scale a fresh `--precision f16` run starts with instead of
-/// [`INITIAL_SCALE`](crate::precision::INITIAL_SCALE) (e.g. `1e30`, to make the first step's
-/// f16 gradients overflow).
-pub const LOSS_SCALE_ENV: &str = "RELATION_TEST_LOSS_SCALE";
 
 /// What a step whose loss or gradient norm is not finite does.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
@@ -84,6 +75,23 @@ pub struct TrainOptions {
     pub on_nan: OnNan,
     /// With [`OnNan::Skip`], the most steps a run may skip before it stops.
     pub max_skipped_steps: u64,
+    /// Faults to inject (the trainer's tests).
+    #[cfg(feature = "testing")]
+    pub faults: crate::faults::Faults,
+}
+
+impl TrainOptions {
+    /// The faults this run injects: none without the `testing` feature.
+    pub(crate) fn faults(&self) -> &crate::faults::Faults {
+        #[cfg(feature = "testing")]
+        {
+            &self.faults
+        }
+        #[cfg(not(feature = "testing"))]
+        {
+            &crate::faults::Faults::NONE
+        }
+    }
 }
 
 impl Default for TrainOptions {
@@ -96,6 +104,8 @@ impl Default for TrainOptions {
             stop_at: None,
             on_nan: OnNan::Stop,
             max_skipped_steps: 10,
+            #[cfg(feature = "testing")]
+            faults: crate::faults::Faults::NONE,
         }
     }
 }
@@ -163,9 +173,7 @@ pub fn train_with(
     let mut model = run.init_model()?;
     let mut progress = Progress::fresh(run.t.precision);
     if run.t.precision == Precision::F16
-        && let Some(scale) = std::env::var(LOSS_SCALE_ENV)
-            .ok()
-            .and_then(|v| v.parse().ok())
+        && let Some(scale) = opts.faults().loss_scale
     {
         progress.loss_scale.scale = scale;
     }
@@ -251,7 +259,7 @@ struct Trainer<'a> {
     size: ModelSize,
     /// Bytes of validation text per validation token (bits per byte).
     val_bytes_per_token: f64,
-    /// [`POISON_STEP_ENV`]'s steps.
+    /// the steps of [`Faults::poison_steps`](crate::faults::Faults::poison_steps).
     poison_steps: Vec<u64>,
     /// The step this invocation stops after (`--stop-at`, else the run's last).
     end: u64,
@@ -281,9 +289,7 @@ impl<'a> Trainer<'a> {
         let meta = &run.corpus.meta;
         let val_bytes_per_token = meta.val_bytes as f64 / meta.val_tokens as f64;
         let metrics = Metrics::open(&run.opts.run_dir, run.resume.then_some(progress.step))?;
-        let poison_steps: Vec<u64> = std::env::var(POISON_STEP_ENV)
-            .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
-            .unwrap_or_default();
+        let poison_steps = run.opts.faults().poison_steps.clone();
 
         let end = run.opts.stop_at.map_or(t.steps, |s| s.min(t.steps));
         on_event(TrainEvent::Progress {

@@ -37,12 +37,13 @@ impl Trainer<'_> {
             skipped_steps: self.progress.skipped,
             loss_scale: (run.t.precision == Precision::F16).then_some(self.progress.loss_scale),
         };
-        let dir = checkpoint::save(
+        let dir = checkpoint::save_or_crash(
             &run.opts.run_dir,
             model,
             &self.optim,
             state,
             run.t.keep_checkpoints,
+            run.opts.faults().crash_during_save,
         )?;
         self.progress.last_checkpoint = dir.display().to_string();
         self.progress.checkpoint_dir = dir;

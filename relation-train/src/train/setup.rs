@@ -88,7 +88,12 @@ impl<'a> Run<'a> {
             .map(|name| open_device(name))
             .collect::<Result<Vec<Device>>>()?;
         config.train.precision.check(&replicas)?;
-        let reduction = Reduction::open(config.reduce, &device_names, &replicas)?;
+        let reduction = Reduction::open(
+            config.reduce,
+            &device_names,
+            &replicas,
+            opts.faults().host_all_reduce,
+        )?;
         let t = config.train.clone();
         let lock = RunLock::acquire(&opts.run_dir)?;
         let start = open_run(&config, opts, log)?;

@@ -211,7 +211,7 @@ fn micro_step(
     let y = Tensor::<2, Int>::from_data(TensorData::new(batch.targets, shape), device);
     if t.activation_checkpointing {
         // Only the blocks' inputs kept, one block recomputed at a time in the backward pass,
-        // the head and the loss over chunks of tokens (see relation_model::checkpointed).
+        // the head and the loss over chunks of tokens (see relation_model::activation_checkpointing).
         let (loss, grads) = model.checkpointed_step(
             x,
             y,

@@ -10,7 +10,6 @@ use crate::common::*;
 /// the order of the sum with two each.
 #[test]
 fn data_parallel_collective_arrangement() {
-    use relation_train::train::HOST_ALL_REDUCE_ENV;
     let tmp = tempfile::tempdir().unwrap();
     let cache = tmp.path().join("cache");
     let corpus = corpus(tmp.path());
@@ -42,12 +41,12 @@ fn data_parallel_collective_arrangement() {
         "{out}"
     );
 
-    let host = [(HOST_ALL_REDUCE_ENV, "1")];
     for (tokens, bitwise) in [("256", true), ("512", false)] {
         let one = tmp.path().join(format!("one-{tokens}"));
         ok(&short(&one, tokens));
         let two = tmp.path().join(format!("two-{tokens}"));
-        let out = relation(&with(short(&two, tokens), "--devices", "flex,flex"), &host);
+        let args = fault(&short(&two, tokens), "host-all-reduce");
+        let out = relation(&with(args, "--devices", "flex,flex"), &[]);
         let out = text(&out);
         assert!(out.contains("replica sums added by the host"), "{out}");
         for (a, b) in rows(&one).iter().zip(&rows(&two)) {

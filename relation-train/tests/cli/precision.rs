@@ -82,7 +82,7 @@ fn f16_on_wgpu_tracks_f32_and_survives_overflow() {
     );
     args = with(args, "--device", "wgpu");
     args = with(args, "--precision", "f16");
-    let out = relation_ok(&args, &[("RELATION_TEST_LOSS_SCALE", "1e30")]);
+    let out = relation_ok(&fault(&args, "loss-scale=1e30"), &[]);
     assert!(
         out.contains("f16 gradients overflowed: update skipped, loss scale"),
         "{out}"
