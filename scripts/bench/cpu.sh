@@ -3,7 +3,7 @@
 # minute): the FlashRelation op (fused Flex kernel vs the materialized reference vs Burn's
 # attention), Linear Relation, and the trainer's tokens/s for Relation and attention models.
 #
-#   scripts/bench/cpu.sh                   # tables into docs/bench/cpu-*.md
+#   scripts/bench/cpu.sh                   # tables into docs/bench/cpu-ops.md and cpu-trainer.md
 #   TORCH_PYTHON=/path/to/venv/bin/python scripts/bench/cpu.sh   # + the PyTorch peer
 #   QUICK=1 scripts/bench/cpu.sh           # fewer sequence lengths and steps
 #
@@ -119,4 +119,4 @@ CFG37="--n-layers 4 --d-model 256 --n-heads 8 --d-ff 512 --seq-len 256 --batch-s
   else
     echo "(PyTorch peer skipped: set TORCH_PYTHON to a python with torch)"
   fi
-} | tee "$OUT/cpu-train.md"
+} | tee "$OUT/cpu-trainer.md"
