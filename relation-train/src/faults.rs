@@ -5,6 +5,7 @@
 //! command line with `relation train --fault …` in a binary built with the feature. Without it,
 //! neither the field nor the flag exists and the trainer runs with [`Faults::NONE`].
 
+#[cfg(feature = "testing")]
 use std::str::FromStr;
 
 /// The faults a run injects. The default injects none.
@@ -35,6 +36,7 @@ impl Faults {
     };
 
     /// Adds one fault, as the command line's `--fault` gives it.
+    #[cfg(feature = "testing")]
     pub fn add(&mut self, fault: Fault) {
         match fault {
             Fault::PoisonSteps(steps) => self.poison_steps.extend(steps),
@@ -47,6 +49,7 @@ impl Faults {
 
 /// One fault of [`Faults`], parsed from `poison-steps=3,5`, `loss-scale=1e30`,
 /// `crash-during-save` or `host-all-reduce`.
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
     /// [`Faults::poison_steps`].
@@ -59,6 +62,7 @@ pub enum Fault {
     HostAllReduce,
 }
 
+#[cfg(feature = "testing")]
 impl FromStr for Fault {
     type Err = String;
 

@@ -89,7 +89,8 @@ impl TrainOptions {
         }
         #[cfg(not(feature = "testing"))]
         {
-            &crate::faults::Faults::NONE
+            static NONE: crate::faults::Faults = crate::faults::Faults::NONE;
+            &NONE
         }
     }
 }
