@@ -21,10 +21,12 @@
 // `self_relation/`, `lm/`, `optim/`), each holding its Tensor-level entry points (`mod.rs`), its
 // backend-extension trait or its part of one (`ops.rs`), its CubeCL kernels (`cube*.rs`), its Flex
 // kernels (`flex.rs` or `flex/`) and its backward pass under autodiff (`autodiff.rs`) side by
-// side. What the kernels share sits below them: `flex/` (the CPU machinery: buffers, SIMD
-// dispatch, element-wise maths, the GEMMs), `cube.rs` (the CubeCL machinery), `sequence.rs`
-// (batched or packed sequences), `poison.rs` (the tests' NaN switch). This file only declares
-// and re-exports.
+// side; `ops.rs` is the Relation operations' extension trait and `backends.rs` its delegations
+// to the folders. What the kernels share sits below them: `flex/` (the CPU machinery: buffers,
+// SIMD dispatch, element-wise maths, the GEMMs), `cube.rs` (the CubeCL machinery), `sequence.rs`
+// (batched or packed sequences), `linear_mode.rs` (how Linear Relation runs), `poison.rs` (the
+// tests' NaN switch). This file only declares and re-exports.
+mod backends;
 #[cfg(feature = "cube")]
 mod cube;
 pub mod device;
@@ -32,6 +34,7 @@ mod error;
 mod flash_relation;
 #[cfg(feature = "flex")]
 mod flex;
+mod linear_mode;
 mod linear_relation;
 mod lm;
 mod optim;

@@ -1,5 +1,6 @@
 //! Choosing between the fused kernel and the reference.
 
+use crate::error::{KernelError, Result};
 use burn::tensor::{DType, Device, Tensor};
 
 /// How an operation is computed.
@@ -17,18 +18,14 @@ pub enum Strategy {
 
 /// The float dtypes the fused kernels take (f32 accumulation inside); any other dtype (a
 /// quantized or 8-bit float tensor, say) runs the reference under [`Strategy::Auto`] and is
-/// [`KernelError::UnsupportedDtype`](crate::KernelError::UnsupportedDtype) under
+/// [`KernelError::UnsupportedDtype`](KernelError::UnsupportedDtype) under
 /// [`Strategy::Fused`].
 pub const KERNEL_DTYPES: [DType; 4] = [DType::F32, DType::F16, DType::BF16, DType::F64];
 
 impl Strategy {
     /// Whether this strategy runs the fused kernel for `x` (its device and dtype), or the error
     /// to return.
-    pub(crate) fn use_fused<const D: usize>(
-        self,
-        op: &'static str,
-        x: &Tensor<D>,
-    ) -> crate::Result<bool> {
+    pub(crate) fn use_fused<const D: usize>(self, op: &'static str, x: &Tensor<D>) -> Result<bool> {
         let available = "CubeCL devices (wgpu, vulkan, metal, cuda, rocm, cpu) and Flex";
         self.decide(op, x, has_kernels(&x.device()), available)
     }
@@ -40,7 +37,7 @@ impl Strategy {
         self,
         op: &'static str,
         x: &Tensor<D>,
-    ) -> crate::Result<bool> {
+    ) -> Result<bool> {
         self.decide(op, x, is_flex(&x.device()), "Flex")
     }
 
@@ -52,12 +49,12 @@ impl Strategy {
         x: &Tensor<D>,
         here: bool,
         available: &'static str,
-    ) -> crate::Result<bool> {
+    ) -> Result<bool> {
         let device = x.device();
         let dtype = x.dtype();
         if let Some(why) = crate::device::dtype_unavailable_because(&device, dtype) {
             // Either path would fail to load its kernels (Burn's own as well as ours).
-            return Err(crate::KernelError::DtypeUnavailable {
+            return Err(KernelError::DtypeUnavailable {
                 op,
                 device: format!("{device:?}"),
                 dtype: format!("{dtype:?}"),
@@ -69,14 +66,14 @@ impl Strategy {
             Self::Reference => false,
             Self::Auto => here && dtype_ok,
             Self::Fused if !here => {
-                return Err(crate::KernelError::FusedUnavailable {
+                return Err(KernelError::FusedUnavailable {
                     op,
                     available,
                     device: format!("{device:?}"),
                 });
             }
             Self::Fused if !dtype_ok => {
-                return Err(crate::KernelError::UnsupportedDtype {
+                return Err(KernelError::UnsupportedDtype {
                     op,
                     dtype: format!("{dtype:?}"),
                 });

@@ -3,6 +3,26 @@
 
 use super::buffers::output;
 
+/// Which factors of a dense product (`LmOps::dense`) enter transposed: `op_a(a) · op_b(b)`.
+///
+/// Named fields rather than two positional booleans, which a caller could swap unnoticed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Transposed {
+    /// `a` is given as `[K, M]` and enters as its transpose.
+    pub a: bool,
+    /// `b` is given as `[N, K]` and enters as its transpose.
+    pub b: bool,
+}
+
+impl Transposed {
+    /// Neither factor: `a · b`.
+    pub const NONE: Self = Self { a: false, b: false };
+    /// `aᵀ · b`.
+    pub const A: Self = Self { a: true, b: false };
+    /// `a · bᵀ`.
+    pub const B: Self = Self { a: false, b: true };
+}
+
 /// `a · b` into a new row-major `[M, N]` f32 buffer, through faer's GEMM with parallelism `par`
 /// (the dense products of the model; transposed factors are strided views, read in place).
 ///

@@ -15,7 +15,7 @@ use cubecl::prelude::*;
 
 use super::{cube_chunk, cube_chunk_backward, cube_recurrent};
 use crate::cube::{SequenceTiles, column_units, empty_like, head_of_sequence};
-use crate::linear_relation::mode::LinearRelationMode;
+use crate::linear_mode::LinearRelationMode;
 use crate::ops::{LinearArgs, LinearGrads, LinearParams};
 use crate::sequence::sequences;
 

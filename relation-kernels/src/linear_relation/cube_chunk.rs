@@ -509,7 +509,7 @@ pub(crate) fn forward(
     chunk: usize,
 ) -> CubeTensor {
     debug_assert!(
-        crate::linear_relation::mode::CHUNK_SIZES.contains(&chunk),
+        crate::linear_mode::CHUNK_SIZES.contains(&chunk),
         "chunk size {chunk}"
     );
     let (q, k, v, g, h0) = (

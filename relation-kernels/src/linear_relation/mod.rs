@@ -11,7 +11,6 @@ mod cube_chunk_backward;
 mod cube_recurrent;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
-pub(crate) mod mode;
 
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
@@ -20,7 +19,7 @@ use relation_core::{
     naive_packed_linear_relation, naive_recurrent_linear_relation, naive_self_relation,
 };
 
-pub use mode::{CHUNK_SIZES, LinearRelationMode, REFERENCE_CHUNK};
+pub use crate::linear_mode::{CHUNK_SIZES, LinearRelationMode, REFERENCE_CHUNK};
 
 use crate::error::{KernelError, Result};
 use crate::ops::{LinearParams, RelationOps};

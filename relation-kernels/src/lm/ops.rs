@@ -8,27 +8,9 @@ use burn::backend::{Backend, Flex, backend_extension};
 
 use relation_core::RopePositions;
 
+pub use crate::flex::dense::Transposed;
+
 use super::flex;
-
-/// Which factors of a [`LmOps::dense`] product enter transposed: `op_a(a) · op_b(b)`.
-///
-/// Named fields rather than two positional booleans, which a caller could swap unnoticed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Transposed {
-    /// `a` is given as `[K, M]` and enters as its transpose.
-    pub a: bool,
-    /// `b` is given as `[N, K]` and enters as its transpose.
-    pub b: bool,
-}
-
-impl Transposed {
-    /// Neither factor: `a · b`.
-    pub const NONE: Self = Self { a: false, b: false };
-    /// `aᵀ · b`.
-    pub const A: Self = Self { a: true, b: false };
-    /// `a · bᵀ`.
-    pub const B: Self = Self { a: false, b: true };
-}
 
 /// Fused element-wise ops of the language model. Not called directly: use
 /// [`crate::swiglu`] and [`crate::cross_entropy`], which check inputs and pick the strategy.

@@ -4,8 +4,8 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
 
 use super::dims2;
+use crate::flex::dense::Transposed;
 use crate::flex::{product, tensor, transpose, with_f32};
-use crate::lm::ops::Transposed;
 
 /// `op_a(a) · op_b(b)` (`op` transposes the factors `transposed` names) in `a`'s dtype, through faer's
 /// matrix product on the thread pool, or on Intel CPUs with AVX-512 through this crate's GEMM

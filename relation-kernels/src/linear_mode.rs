@@ -4,16 +4,16 @@
 use crate::error::{KernelError, Result};
 
 /// Chunk size of the reference fallback (`naive_chunk_linear_relation`) of
-/// [`fused_recurrent_linear_relation`](super::fused_recurrent_linear_relation).
+/// [`fused_recurrent_linear_relation`](crate::fused_recurrent_linear_relation).
 pub const REFERENCE_CHUNK: usize = 64;
 
-/// Chunk sizes [`chunk_linear_relation`](super::chunk_linear_relation) accepts (on every device, so that a program behaves the
+/// Chunk sizes [`chunk_linear_relation`](crate::chunk_linear_relation) accepts (on every device, so that a program behaves the
 /// same everywhere): powers of two from 16 to 64. Larger chunks would cost the kernel
 /// `O(L^2)` scores per chunk for no gain without matrix units; smaller ones are the recurrent
 /// kernel's job.
 pub const CHUNK_SIZES: &[usize] = &[16, 32, 64];
 
-/// How Linear Relation runs over a sequence: the kernel [`linear_relation`](super::linear_relation) picks.
+/// How Linear Relation runs over a sequence: the kernel [`linear_relation`](crate::linear_relation) picks.
 ///
 /// Both compute the same function (`docs/maths.md#6-linear-relation`) and carry the same state;
 /// they differ in speed and rounding only. [`Recurrent`](Self::Recurrent) is the default: on the
@@ -29,11 +29,11 @@ pub const CHUNK_SIZES: &[usize] = &[16, 32, 64];
 )]
 #[serde(rename_all = "snake_case")]
 pub enum LinearRelationMode {
-    /// Token by token ([`fused_recurrent_linear_relation`](super::fused_recurrent_linear_relation)): state in registers (GPU) or cache
+    /// Token by token ([`fused_recurrent_linear_relation`](crate::fused_recurrent_linear_relation)): state in registers (GPU) or cache
     /// (CPU), `O(T D)` memory.
     #[default]
     Recurrent,
-    /// Chunkwise parallel, GLA-style ([`chunk_linear_relation`](super::chunk_linear_relation)) with this many tokens per chunk,
+    /// Chunkwise parallel, GLA-style ([`chunk_linear_relation`](crate::chunk_linear_relation)) with this many tokens per chunk,
     /// one of [`CHUNK_SIZES`].
     Chunked {
         /// Tokens per chunk.
