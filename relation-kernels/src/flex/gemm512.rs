@@ -603,6 +603,8 @@ unsafe fn tile<const R: usize, const PACKED: bool>(t: Tile) {
             }
         }
         base = base.map(|p| p.wrapping_add(KU * step));
+        // SAFETY: at most one row past the panel's last of these `kc` rows, inside or one past
+        // the end of the packed buffer (an offset `add` allows).
         b = unsafe { b.add(KU * NR) };
         left -= KU;
     }
@@ -615,10 +617,14 @@ unsafe fn tile<const R: usize, const PACKED: bool>(t: Tile) {
             }
         }
         base = base.map(|p| p.wrapping_add(step));
+        // SAFETY: as above, at most one past the panel's last row.
         b = unsafe { b.add(NR) };
     }
     for (r, acc) in acc.iter().enumerate() {
         for (v, (&sum, &mask)) in acc.iter().zip(&t.masks).enumerate() {
+            // SAFETY: row `r < R` of `C`, vector `v` of the panel: inside `t.c`'s rows (the
+            // caller's contract); the masked load and store touch only the lanes `mask` selects,
+            // the ones inside `C`'s columns.
             let at = unsafe { t.c.add(r * t.ldc + 16 * v) };
             let y = if t.first {
                 sum
