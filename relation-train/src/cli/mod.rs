@@ -106,13 +106,17 @@ pub struct ReportArgs {
     /// `budget.png` (that difference against the training tokens).
     #[arg(long = "budget", value_name = "NAME=DIR", conflicts_with_all = ["runs", "long_context"])]
     pub budgets: Vec<String>,
-    /// Where `table.md`, `val.png` and `gap.png` (or `long-context.png`, or `budget.md` and
-    /// `budget.png`) go (created).
+    /// Where `table.md`, `seeds.md`, `val.png` and `gap.png` (or `long-context.png`, or
+    /// `budget.md` and `budget.png`) go (created).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
     /// The variant the others are compared with.
     #[arg(long, default_value = "A")]
     pub baseline: String,
+    /// The steps of `seeds.md`'s mean validation curve, comma separated (default: every step
+    /// some run evaluated).
+    #[arg(long, value_delimiter = ',', value_name = "STEPS")]
+    pub curve_steps: Vec<u64>,
 }
 
 /// `relation eval`.
@@ -236,10 +240,14 @@ fn run_report(args: &ReportArgs) -> Result<()> {
             r.variant, r.seed, r.last_step, r.steps
         );
     }
+    let steps = (!args.curve_steps.is_empty()).then_some(args.curve_steps.as_slice());
+    let seeds = crate::report::seed_tables(&runs, &args.baseline, steps);
+    let seeds_path = args.out.join("seeds.md");
+    std::fs::write(&seeds_path, &seeds).map_err(crate::error::io(&seeds_path))?;
     if let Err(e) = crate::report::plots(&runs, &args.baseline, &args.out) {
         eprintln!("warning: no plots ({e})");
     }
-    println!("wrote {}, val.png, gap.png", path.display());
+    println!("wrote {}, seeds.md, val.png, gap.png", path.display());
     Ok(())
 }
 

@@ -306,3 +306,92 @@ pub fn plots(runs: &[RunCurve], baseline: &str, out: &Path) -> std::result::Resu
     gap.lines = gaps;
     draw(&out.join("gap.png"), (1000, 640), &[gap])
 }
+
+/// The per-seed view of the finished runs (Markdown), variants in first-seen order with the
+/// baseline first: the final validation loss of every run by seed, with each variant minus the
+/// baseline on the same seed; then the mean validation loss of every variant at each evaluated
+/// step (`steps`, or every step some run evaluated), over the seeds that evaluated it.
+pub fn seed_tables(runs: &[RunCurve], baseline: &str, steps: Option<&[u64]>) -> String {
+    let finished: Vec<&RunCurve> = runs.iter().filter(|r| r.finished()).collect();
+    let mut variants = variant_order(finished.iter().copied());
+    if let Some(i) = variants.iter().position(|v| *v == baseline) {
+        let b = variants.remove(i);
+        variants.insert(0, b);
+    }
+    let others: Vec<&str> = variants
+        .iter()
+        .copied()
+        .filter(|v| *v != baseline)
+        .collect();
+    let last = |v: &str, seed: u64| {
+        finished
+            .iter()
+            .find(|r| r.variant == v && r.seed == seed)
+            .and_then(|r| r.val.last().map(|p| p.1))
+    };
+    let mut seeds: Vec<u64> = finished.iter().map(|r| r.seed).collect();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let mut head: Vec<String> = vec!["seed".into()];
+    head.extend(variants.iter().map(|v| v.to_string()));
+    head.extend(others.iter().map(|v| format!("{v} − {baseline}")));
+    let mut out = format!("| {} |\n|{}\n", head.join(" | "), "---|".repeat(head.len()));
+    let num = |x: Option<f64>, sign: bool| match x {
+        Some(x) if sign => format!("{x:+.4}").replace('-', "−"),
+        Some(x) => format!("{x:.4}"),
+        None => "—".into(),
+    };
+    for &s in &seeds {
+        let mut cells = vec![s.to_string()];
+        cells.extend(variants.iter().map(|v| num(last(v, s), false)));
+        let base = last(baseline, s);
+        cells.extend(
+            others
+                .iter()
+                .map(|v| num(last(v, s).zip(base).map(|(x, b)| x - b), true)),
+        );
+        out.push_str(&format!("| {} |\n", cells.join(" | ")));
+    }
+    let steps: Vec<u64> = match steps {
+        Some(steps) => steps.to_vec(),
+        None => {
+            let mut all: Vec<u64> = finished
+                .iter()
+                .flat_map(|r| r.val.iter().map(|p| p.0))
+                .collect();
+            all.sort_unstable();
+            all.dedup();
+            all
+        }
+    };
+    let cols: Vec<String> = steps.iter().map(u64::to_string).collect();
+    out.push_str(&format!(
+        "\n| step | {} |\n|{}\n",
+        cols.join(" | "),
+        "---|".repeat(steps.len() + 1)
+    ));
+    for v in &variants {
+        let rs: Vec<&&RunCurve> = finished.iter().filter(|r| r.variant == *v).collect();
+        let cells: Vec<String> = steps
+            .iter()
+            .map(|st| {
+                let xs: Vec<f64> = rs
+                    .iter()
+                    .filter_map(|r| r.val.iter().find(|p| p.0 == *st).map(|p| p.1))
+                    .collect();
+                if xs.is_empty() {
+                    "—".into()
+                } else {
+                    format!("{:.3}", xs.iter().sum::<f64>() / xs.len() as f64)
+                }
+            })
+            .collect();
+        let n = rs.len();
+        let plural = if n > 1 { "s" } else { "" };
+        out.push_str(&format!(
+            "| {v} ({n} seed{plural}) | {} |\n",
+            cells.join(" | ")
+        ));
+    }
+    out
+}

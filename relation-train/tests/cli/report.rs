@@ -51,6 +51,31 @@ fn report_tabulates_finished_runs() {
         let bytes = std::fs::read(out_dir.join(png)).unwrap();
         assert_eq!(&bytes[..8], b"\x89PNG\r\n\x1a\n", "{png}");
     }
+    // seeds.md: every finished run's final loss by seed and F − A on the seed both have, then
+    // the mean curve at the evaluated steps, each from the runs' own metrics.
+    let final_loss = |name: &str| -> f64 {
+        let csv = std::fs::read_to_string(runs.join(name).join("metrics.csv")).unwrap();
+        let last = csv.lines().last().unwrap();
+        last.split(',').nth(7).unwrap().parse().unwrap()
+    };
+    let (a0, f0, f1) = (final_loss("A-s0"), final_loss("F-s0"), final_loss("F-s1"));
+    let seeds = std::fs::read_to_string(out_dir.join("seeds.md")).unwrap();
+    let diff = format!("{:+.4}", f0 - a0).replace('-', "−");
+    assert!(seeds.contains("| seed | A | F | F − A |"), "{seeds}");
+    assert!(
+        seeds.contains(&format!("| 0 | {a0:.4} | {f0:.4} | {diff} |")),
+        "{seeds}"
+    );
+    assert!(
+        seeds.contains(&format!("| 1 | — | {f1:.4} | — |")),
+        "{seeds}"
+    );
+    assert!(seeds.contains("| step | 2 | 4 |"), "{seeds}");
+    let f_mean = format!("{:.3}", (f0 + f1) / 2.0);
+    assert!(
+        seeds.contains("| F (2 seeds) | ") && seeds.contains(&format!(" | {f_mean} |\n")),
+        "{seeds}"
+    );
 
     // Budgets: the same folder twice stands in for two budgets of one grid. F pairs with A on
     // seed 0 only (A has no seed 1); the unfinished L pairs with nothing.
