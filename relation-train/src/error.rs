@@ -66,6 +66,20 @@ pub enum TrainError {
         /// What is wrong.
         reason: String,
     },
+    /// A stop was requested ([`TrainOptions::stop`](crate::TrainOptions::stop): SIGTERM or
+    /// SIGINT on the command line): the run finished the optimizer step it was in and wrote a
+    /// checkpoint of it.
+    #[error(
+        "stopped by request after step {step}; its checkpoint is {checkpoint}. To go on: `relation train --resume --run-dir {run_dir}`"
+    )]
+    Stopped {
+        /// The last step done (and checkpointed).
+        step: u64,
+        /// The checkpoint written.
+        checkpoint: String,
+        /// The run directory.
+        run_dir: String,
+    },
     /// The loss or gradient norm became NaN or infinite.
     #[error(
         "training stopped at step {step}: {what} is {value} (not finite); nothing was saved from this step; the last good checkpoint is {last_good}. To go on: `relation train --resume --run-dir DIR` with `--on-nan skip` (skip such steps), or with `--from-checkpoint step-N --lr LOWER` (an earlier checkpoint and a lower learning rate)"

@@ -300,3 +300,71 @@ fn changed_data_is_refused_on_resume_and_eval() {
         "the corpus changed since the run started",
     );
 }
+
+/// SIGTERM (a scheduler's time limit or preemption; Ctrl-C is SIGINT, handled alike) mid-run:
+/// the run finishes its step, writes a checkpoint of it and exits non-zero saying how to go on;
+/// `--resume` then continues with exactly the losses of an uninterrupted run.
+#[cfg(unix)]
+#[test]
+fn sigterm_checkpoints_the_step_reached_and_resume_continues_exactly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
+    let steps = "400";
+    let full = tmp.path().join("full");
+    ok(&with(tiny_args(&full, &cache, &corpus), "--steps", steps));
+
+    let run = tmp.path().join("run");
+    let args = with(tiny_args(&run, &cache, &corpus), "--steps", steps);
+    let child = Command::new(env!("CARGO_BIN_EXE_relation"))
+        .args(&args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn relation");
+    // Signal once a few steps are logged (and well before the last).
+    let started = Instant::now();
+    while std::fs::read_to_string(run.join("metrics.jsonl")).map_or(0, |t| t.lines().count()) < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no steps logged"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let out = child.wait_with_output().unwrap();
+    let text = text(&out);
+    assert!(
+        !out.status.success(),
+        "a stopped run exits non-zero:\n{text}"
+    );
+    assert!(text.contains("stopped by request after step"), "{text}");
+    assert!(
+        text.contains("--resume --run-dir"),
+        "says how to go on:\n{text}"
+    );
+    let reached = rows(&run).last().unwrap()["step"].as_u64().unwrap();
+    assert!(reached < 400, "stopped before the end: {reached}");
+    assert_eq!(
+        latest(&run),
+        format!("step-{reached:08}"),
+        "the checkpoint is of the step reached"
+    );
+
+    let out = ok(&resume_args(&run));
+    assert!(out.contains(&format!("(step {reached})")), "{out}");
+    let losses = |run: &Path| -> Vec<(u64, f64)> {
+        rows(run)
+            .iter()
+            .map(|r| (r["step"].as_u64().unwrap(), r["loss"].as_f64().unwrap()))
+            .collect()
+    };
+    assert_eq!(
+        losses(&run),
+        losses(&full),
+        "the same losses as without the stop"
+    );
+}

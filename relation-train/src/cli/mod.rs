@@ -303,6 +303,7 @@ fn run_train(args: &TrainArgs) -> Result<()> {
             stop_at: args.stop_at,
             on_nan: args.on_nan,
             max_skipped_steps: args.max_skipped_steps,
+            stop: Some(stop_on_signals()?),
             #[cfg(feature = "testing")]
             faults: args.faults(),
         },
@@ -413,4 +414,20 @@ fn run_eval(args: &EvalArgs) -> Result<()> {
         result.bits_per_byte
     );
     Ok(())
+}
+
+/// A flag that SIGTERM or SIGINT sets (on Unix), so that a run stops cleanly after its current
+/// step with a checkpoint ([`TrainOptions::stop`]): schedulers send SIGTERM at a time limit or
+/// on preemption, people press Ctrl-C. A second signal while the first is pending ends the
+/// process at once (exit code 1), for a run that must not wait for its step.
+fn stop_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
+    let flag = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    #[cfg(unix)]
+    for signal in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // The shutdown is registered first: it sees the flag as the previous signal left it.
+        signal_hook::flag::register_conditional_shutdown(signal, 1, flag.clone())
+            .and_then(|_| signal_hook::flag::register(signal, flag.clone()))
+            .map_err(|e| TrainError::Data(format!("installing the signal handlers: {e}")))?;
+    }
+    Ok(flag)
 }

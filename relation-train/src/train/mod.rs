@@ -29,12 +29,12 @@ use std::time::Instant;
 use burn::module::Module;
 use burn::optim::ModuleOptimizer;
 
-use crate::Result;
 use crate::config::RunConfig;
 use crate::data::{Batcher, DataPosition};
 use crate::evaluate::EvalResult;
 use crate::metrics::Metrics;
 use crate::precision::{LossScale, Precision};
+use crate::{Result, TrainError};
 use run_dir::Start;
 use setup::Run;
 
@@ -75,6 +75,10 @@ pub struct TrainOptions {
     pub on_nan: OnNan,
     /// With [`OnNan::Skip`], the most steps a run may skip before it stops.
     pub max_skipped_steps: u64,
+    /// Set (by a signal handler, say: `relation train` sets it on SIGTERM and SIGINT) to stop
+    /// the run cleanly: it finishes the optimizer step it is in, writes a checkpoint of it and
+    /// returns [`TrainError::Stopped`](crate::TrainError::Stopped); `resume` continues exactly.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Faults to inject (the trainer's tests).
     #[cfg(feature = "testing")]
     pub faults: crate::faults::Faults,
@@ -105,6 +109,7 @@ impl Default for TrainOptions {
             stop_at: None,
             on_nan: OnNan::Stop,
             max_skipped_steps: 10,
+            stop: None,
             #[cfg(feature = "testing")]
             faults: crate::faults::Faults::NONE,
         }
@@ -192,8 +197,23 @@ pub fn train_with(
         let (updated, done) = trainer.step(model)?;
         model = updated;
         trainer.record(&model, &done)?;
-        if trainer.checkpoint_due() {
+        let saved = trainer.checkpoint_due();
+        if saved {
             trainer.checkpoint(&model)?;
+        }
+        let stop = opts
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+        if stop && trainer.progress.step < trainer.end {
+            if !saved {
+                trainer.checkpoint(&model)?;
+            }
+            return Err(TrainError::Stopped {
+                step: trainer.progress.step,
+                checkpoint: trainer.progress.last_checkpoint.clone(),
+                run_dir: opts.run_dir.display().to_string(),
+            });
         }
     }
     trainer.finish(&model)
