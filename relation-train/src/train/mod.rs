@@ -77,7 +77,7 @@ pub struct TrainOptions {
     pub max_skipped_steps: u64,
     /// Set (by a signal handler, say: `relation train` sets it on SIGTERM and SIGINT) to stop
     /// the run cleanly: it finishes the optimizer step it is in, writes a checkpoint of it and
-    /// returns [`TrainError::Stopped`](crate::TrainError::Stopped); `resume` continues exactly.
+    /// returns [`TrainError::Stopped`]; `resume` continues exactly.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Faults to inject (the trainer's tests).
     #[cfg(feature = "testing")]
@@ -158,8 +158,8 @@ pub const XZ_BITS_PER_BYTE_MOBY: f64 = 2.65;
 /// Bad settings, data or device; a run that exists without `resume` or `overwrite`; a run
 /// directory in use; on resume, a changed setting that defines the run, or no checkpoint that
 /// verifies; a non-finite loss or gradient norm
-/// ([`TrainError::NonFinite`](crate::TrainError::NonFinite), or
-/// [`TrainError::SkipLimit`](crate::TrainError::SkipLimit) with [`OnNan::Skip`]).
+/// ([`TrainError::NonFinite`], or
+/// [`TrainError::SkipLimit`] with [`OnNan::Skip`]).
 pub fn train(config: RunConfig, opts: &TrainOptions) -> Result<TrainSummary> {
     train_with(config, opts, &mut events::trace_event)
 }
