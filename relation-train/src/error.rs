@@ -18,6 +18,17 @@ pub enum TrainError {
         /// The rule it breaks.
         rule: String,
     },
+    /// Started as one of several processes by an MPI launcher (`mpirun -np N`), which this build
+    /// cannot train together: each would train the whole run alone into the same run directory.
+    #[error(
+        "started as one of {size} processes by an MPI launcher ({variable}={size}), but this build trains in one process only: each process would train the whole run alone into the same run directory. Run one process (without mpirun), or spread the micro-batches over the devices of one process with --devices"
+    )]
+    MultiProcess {
+        /// The launcher's variable that gave the world size.
+        variable: &'static str,
+        /// The world size.
+        size: usize,
+    },
     /// A device that is not compiled into this build or does not exist.
     #[error("device `{name}`: {reason}")]
     Device {

@@ -301,3 +301,27 @@ fn bad_input_gets_a_clear_error() {
         "temperature",
     );
 }
+
+/// Started by an MPI launcher as one of several processes (what `mpirun -np 2` tells each of
+/// them), a build that trains in one process refuses before touching the run directory; one
+/// process of one trains as usual.
+#[test]
+fn several_mpi_processes_are_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
+    for variable in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
+        let run = tmp.path().join(variable);
+        let t = fails_with(
+            &tiny_args(&run, &cache, &corpus),
+            &[(variable, "2")],
+            &format!("started as one of 2 processes by an MPI launcher ({variable}=2)"),
+        );
+        assert!(t.contains("Run one process"), "{t}");
+        assert!(!run.exists(), "nothing written to the run directory");
+    }
+    let run = tmp.path().join("one");
+    relation_ok(
+        &tiny_args(&run, &cache, &corpus),
+        &[("OMPI_COMM_WORLD_SIZE", "1")],
+    );
+}

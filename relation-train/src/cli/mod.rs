@@ -252,6 +252,7 @@ fn run_report(args: &ReportArgs) -> Result<()> {
 }
 
 fn run_train(args: &TrainArgs) -> Result<()> {
+    refuse_multi_process()?;
     // Resume when asked, when --from-checkpoint names where, or (auto) when there is a run.
     let resume = match (args.resume, &args.run_dir) {
         (Some(ResumeMode::Auto), Some(dir)) => checkpoint::any(dir),
@@ -430,4 +431,19 @@ fn stop_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
             .map_err(|e| TrainError::Data(format!("installing the signal handlers: {e}")))?;
     }
     Ok(flag)
+}
+
+/// [`TrainError::MultiProcess`] when an MPI launcher started this process as one of several:
+/// Open MPI's `OMPI_COMM_WORLD_SIZE` or the PMI variable `PMI_SIZE` (MPICH, Intel MPI) above 1.
+/// One process (size 1, or no launcher) trains as usual.
+fn refuse_multi_process() -> Result<()> {
+    for variable in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
+        let size = std::env::var(variable)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        if let Some(size) = size.filter(|&n| n > 1) {
+            return Err(TrainError::MultiProcess { variable, size });
+        }
+    }
+    Ok(())
 }
