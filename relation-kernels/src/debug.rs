@@ -132,7 +132,7 @@ pub fn elementwise(f: Elementwise, fused: bool, xs: &mut [f32]) {
 pub fn dense_product(
     a: (&[f32], [usize; 2], bool),
     b: (&[f32], [usize; 2], bool),
-    gemm: Option<crate::flex::gemm512::FlexGemm>,
+    gemm: Option<crate::flex::gemm_choice::FlexGemm>,
 ) -> Vec<f32> {
     let (m, k) = if a.2 {
         (a.1[1], a.1[0])
@@ -143,7 +143,7 @@ pub fn dense_product(
     let avx512 = match gemm {
         Some(gemm) => {
             assert!(gemm.is_available(), "{} is not available here", gemm.name());
-            gemm == crate::flex::gemm512::FlexGemm::Avx512
+            gemm == crate::flex::gemm_choice::FlexGemm::Avx512
         }
         None => crate::lm::flex::dense_on_avx512(m, n, k, a.2),
     };

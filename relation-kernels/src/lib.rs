@@ -61,7 +61,7 @@ pub use flash_relation::{
     FlashInputs, MAX_HEAD_DIM, flash_exchange_only, flash_relation, flash_relation_with_stats,
 };
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
-pub use flex::gemm512::{FlexGemm, flex_gemm};
+pub use flex::gemm_choice::{FlexGemm, flex_gemm};
 #[cfg(feature = "flex")]
 pub use flex::simd::{FlexSimd, flex_simd};
 pub use linear_relation::{

@@ -35,7 +35,7 @@
 //! `examples/matmul_bench.rs` compares it with faer (`RELATION_GEMM=faer` and `avx512` in turn)
 //! at the model's shapes; the figures are in `docs/bench/cpu-train.md`. On AMD's Zen 4, whose
 //! 512-bit operations run as two halves, faer's products were the fastest measured and this
-//! kernel has not been measured, so [`FlexGemm::detect`] keeps faer there.
+//! kernel has not been measured, so `FlexGemm::detect` (`gemm_choice.rs`) keeps faer there.
 //!
 //! One file on purpose: the packing of `A` and `B`, the schedule of blocks and tasks and the
 //! micro-kernel share one panel layout and one safety contract (below), which split files would
@@ -69,77 +69,7 @@ pub(crate) const KC: usize = 256;
 /// Rows of `C` per row task on the thread pool (at most).
 pub(crate) const MC: usize = 96;
 
-/// Which GEMM the Flex backend's dense products use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FlexGemm {
-    /// faer's GEMM (every CPU).
-    Faer,
-    /// This crate's AVX-512 GEMM (x86-64 with AVX-512F).
-    Avx512,
-}
-
-impl FlexGemm {
-    /// The name `RELATION_GEMM` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Faer => "faer",
-            Self::Avx512 => "avx512",
-        }
-    }
-
-    /// Whether this CPU can run it.
-    pub fn is_available(self) -> bool {
-        match self {
-            Self::Faer => true,
-            Self::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-        }
-    }
-
-    /// The default for this CPU: [`FlexGemm::Avx512`] on Intel CPUs with AVX-512 (two full-width
-    /// FMA ports, where these products ran closer to the machine's peak than faer's), faer
-    /// everywhere else (on AMD's Zen 4 faer's products were the fastest measured).
-    pub fn detect() -> Self {
-        if super::simd::cpu_vendor() == *b"GenuineIntel" && Self::Avx512.is_available() {
-            Self::Avx512
-        } else {
-            Self::Faer
-        }
-    }
-}
-
-/// The choice of [`flex_gemm`], made on its first call.
-static GEMM: std::sync::OnceLock<FlexGemm> = std::sync::OnceLock::new();
-
-/// The GEMM of the Flex backend's dense products: `RELATION_GEMM` (`avx512`, `faer` or `auto`)
-/// when set to one this CPU has, else [`FlexGemm::detect`]. Chosen once per process.
-pub fn flex_gemm() -> FlexGemm {
-    *GEMM.get_or_init(|| {
-        let chosen = match std::env::var("RELATION_GEMM").as_deref() {
-            Ok("avx512") => Some(FlexGemm::Avx512),
-            Ok("faer") => Some(FlexGemm::Faer),
-            Ok("auto" | "") | Err(_) => None,
-            Ok(other) => {
-                tracing::warn!(
-                    "RELATION_GEMM={other} is not one of avx512, faer, auto; using {}",
-                    FlexGemm::detect().name()
-                );
-                None
-            }
-        };
-        match chosen {
-            Some(g) if g.is_available() => g,
-            Some(g) => {
-                tracing::warn!(
-                    "RELATION_GEMM={}: this CPU does not have it; using {}",
-                    g.name(),
-                    FlexGemm::detect().name()
-                );
-                FlexGemm::detect()
-            }
-            None => FlexGemm::detect(),
-        }
-    })
-}
+use super::gemm_choice::{FlexGemm, flex_gemm};
 
 /// Whether a product `op(A) · B` of this shape goes through [`product_into`] under the process's
 /// choice: [`FlexGemm::Avx512`] chosen, widths that fill a vector, and enough rows that the

@@ -29,6 +29,8 @@ pub(crate) mod buffers;
 pub(crate) mod dense;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm512;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm_choice;
 pub(crate) mod layout;
 pub(crate) mod math;
 pub(crate) mod simd;
