@@ -129,6 +129,10 @@ pub enum TrainError {
     /// The model refused its configuration or inputs.
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A Hugging Face folder that cannot be written or read back
+    /// ([`crate::hf`]: `relation export --format hf`, `relation import`).
+    #[error(transparent)]
+    Hf(#[from] crate::hf::HfError),
 }
 
 impl From<relation_kernels::device::DeviceError> for TrainError {

@@ -73,6 +73,34 @@ impl EvalOptions {
 /// # Errors
 /// Model errors; [`TrainError::Data`] for a stream shorter than two tokens.
 pub fn evaluate(model: &RelationLm, stream: &[u32], opts: &EvalOptions) -> Result<EvalResult> {
+    evaluate_each(model, stream, opts, None)
+}
+
+/// One window of an evaluation, token by token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoredWindow<'a> {
+    /// The window's `n + 1` tokens: `n` inputs, the last `n` of them also targets.
+    pub tokens: &'a [u32],
+    /// `logprobs[k] = log p(tokens[k + 1] | tokens[..=k])` in nats (within its document, when
+    /// the window is cut into documents), `n` values.
+    pub logprobs: Vec<f64>,
+}
+
+/// What [`evaluate_each`] hands every window to.
+pub type EachWindow<'f> = &'f mut dyn FnMut(ScoredWindow<'_>) -> Result<()>;
+
+/// [`evaluate`], handing every window's per-token log-likelihoods to `each` (in stream order)
+/// when it is given: what `relation eval --per-token` writes, and what an independent
+/// implementation of the model is checked against.
+///
+/// # Errors
+/// As [`evaluate`]; the first error `each` returns.
+pub fn evaluate_each(
+    model: &RelationLm,
+    stream: &[u32],
+    opts: &EvalOptions,
+    mut each: Option<EachWindow<'_>>,
+) -> Result<EvalResult> {
     let windows = eval_windows(stream.len(), opts.seq_len, opts.max_tokens);
     if windows.is_empty() {
         return Err(TrainError::Data(format!(
@@ -115,8 +143,18 @@ pub fn evaluate(model: &RelationLm, stream: &[u32], opts: &EvalOptions) -> Resul
         };
         let [rows_out, cols, _] = logits.dims();
         let y = Tensor::<2, Int>::from_data(TensorData::new(targets, [rows_out, cols]), &device);
-        let nll = token_nll(logits, y)?.sum().into_scalar::<f64>();
-        total += nll;
+        let nll = token_nll(logits, y)?; // [rows, cols], b·n values
+        if let Some(each) = each.as_mut() {
+            let values = (nll.clone().into_data().convert::<f32>().try_to_vec::<f32>())
+                .map_err(|e| TrainError::Data(format!("reading the losses: {e:?}")))?;
+            for (&start, window) in rows.iter().zip(values.chunks_exact(n)) {
+                each(ScoredWindow {
+                    tokens: &stream[start..start + n + 1],
+                    logprobs: window.iter().map(|&v| -f64::from(v)).collect(),
+                })?;
+            }
+        }
+        total += nll.sum().into_scalar::<f64>();
         count += b * n;
     }
     let loss = total / count as f64;

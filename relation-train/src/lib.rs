@@ -13,6 +13,7 @@ pub mod faults;
 #[cfg(not(feature = "testing"))]
 mod faults;
 pub mod fs;
+pub mod hf;
 pub mod memory;
 pub mod metrics;
 pub mod optim;
@@ -24,6 +25,8 @@ pub mod train;
 
 pub use config::{DataSpec, ModelSpec, Packing, Reduce, RunConfig, TrainSpec};
 pub use error::{Result, TrainError};
-pub use evaluate::{EvalOptions, EvalResult, LoadedRun, evaluate, load_run};
+pub use evaluate::{
+    EvalOptions, EvalResult, LoadedRun, ScoredWindow, evaluate, evaluate_each, load_run,
+};
 pub use memory::keep_freed_memory;
 pub use train::{TrainEvent, TrainOptions, TrainSummary, train, train_with};

@@ -1,8 +1,9 @@
-//! The `relation` command line: `train`, `eval`, `generate`, `export`, `report`.
+//! The `relation` command line: `train`, `eval`, `generate`, `export`, `import`, `report`.
 //!
 //! This file holds the commands and the small subcommands; `train_args.rs` holds `train`'s
 //! many flags and how they override a configuration, `progress.rs` how `train` shows a run
-//! as it goes, `generate.rs` and `export.rs` the `generate` and `export` commands.
+//! as it goes, `generate.rs` the `generate` command and `export.rs` the `export` and `import`
+//! commands.
 
 mod export;
 mod generate;
@@ -12,7 +13,7 @@ mod train_args;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-pub use export::{ExportArgs, ExportFormat};
+pub use export::{ExportArgs, ExportFormat, ImportArgs, ImportFormat};
 pub use generate::GenerateArgs;
 use relation_kernels::device::parse_device;
 pub use train_args::{DataFlags, ModelFlags, TrainArgs, TrainingFlags};
@@ -20,7 +21,7 @@ pub use train_args::{DataFlags, ModelFlags, TrainArgs, TrainingFlags};
 use crate::config::{Packing, RunConfig};
 use crate::data::{self, DEFAULT_CORPUS_NAME};
 use crate::error::io;
-use crate::evaluate::{EvalOptions, LoadedRun, evaluate, load_run};
+use crate::evaluate::{EvalOptions, LoadedRun, ScoredWindow, evaluate, evaluate_each, load_run};
 use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train_with};
 use crate::{Result, TrainError, checkpoint};
 use progress::Console;
@@ -50,6 +51,8 @@ pub enum Command {
     /// Write a run's checkpoint as a standalone model: the weights as safetensors, with the
     /// model configuration and the tokenizer beside them.
     Export(ExportArgs),
+    /// Read a model written elsewhere (a Hugging Face folder) into a new run directory.
+    Import(ImportArgs),
 }
 
 /// The run (and checkpoint) that `eval`, `generate` and `export` read.
@@ -139,6 +142,11 @@ pub struct EvalArgs {
     /// Device (default: the run's).
     #[arg(long)]
     pub device: Option<String>,
+    /// Also write every predicted token's log-likelihood to FILE, JSON Lines, one line per
+    /// window: `{"tokens": [n + 1 ids], "logprobs": [n values], "packing": ...}` with
+    /// `logprobs[k] = log p(tokens[k+1] | tokens[..=k])` in nats.
+    #[arg(long, value_name = "FILE")]
+    pub per_token: Option<PathBuf>,
 }
 
 fn unix_seconds() -> u64 {
@@ -158,6 +166,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Generate(args) => generate::run_generate(&args),
         Command::Report(args) => run_report(&args),
         Command::Export(args) => export::run_export(&args),
+        Command::Import(args) => export::run_import(&args),
     }
 }
 
@@ -403,7 +412,25 @@ fn run_eval(args: &EvalArgs) -> Result<()> {
     };
     let eot = run.tokenizer.token_to_id(data::EOT);
     let opts = EvalOptions::for_run(&run.config, packing, args.eval_tokens, bytes, eot);
-    let result = evaluate(&run.model, &stream, &opts)?;
+    let result = match &args.per_token {
+        None => evaluate(&run.model, &stream, &opts)?,
+        Some(path) => {
+            let mut lines = String::new();
+            let mut write = |window: ScoredWindow<'_>| -> Result<()> {
+                let line = serde_json::json!({
+                    "tokens": window.tokens,
+                    "logprobs": window.logprobs,
+                    "packing": packing.name(),
+                });
+                lines.push_str(&line.to_string());
+                lines.push('\n');
+                Ok(())
+            };
+            let result = evaluate_each(&run.model, &stream, &opts, Some(&mut write))?;
+            crate::fs::write_atomic(path, lines.as_bytes())?;
+            result
+        }
+    };
     println!(
         "{} (step {}) on {what} ({} rows): {} tokens | loss {:.4} nats/token | perplexity {:.2} | {:.3} bits/byte",
         run.checkpoint.display(),
