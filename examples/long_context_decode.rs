@@ -10,8 +10,13 @@
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example long_context_decode \
-//!     [-- --patterns L,LLLF --contexts 1024,10240,102400 --new-tokens 64]
+//!     [-- --patterns L,LLLF,F --contexts 1024,10240,102400 --new-tokens 64]
 //! ```
+//!
+//! Beside each decoding speed: the bytes of cache a token reads (every cached row of every
+//! layer) times the tokens per second, and that rate as a share of the machine's memory
+//! bandwidth, measured first in the same process by a STREAM-like triad (`a = b + s c` over
+//! arrays far larger than the caches, on every thread).
 
 use std::time::Instant;
 
@@ -27,7 +32,7 @@ struct Args {
     #[arg(long, default_value = "flex")]
     device: String,
     /// Layer patterns, comma-separated.
-    #[arg(long, default_value = "L,LLLF", value_delimiter = ',')]
+    #[arg(long, default_value = "L,LLLF,F", value_delimiter = ',')]
     patterns: Vec<String>,
     /// Context lengths at which decoding is measured, comma-separated.
     #[arg(long, default_value = "1024,10240,102400", value_delimiter = ',')]
@@ -53,6 +58,30 @@ fn rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Memory bandwidth, GB/s: the best of five passes of the triad `a = b + s c` over three arrays
+/// of 64M f32 (256 MiB each), split over the thread pool; bytes counted: two reads and a write.
+fn triad_gb_s() -> f64 {
+    use rayon::prelude::*;
+    const N: usize = 64 << 20;
+    const CHUNK: usize = 1 << 16;
+    let (mut a, b, c) = (vec![0f32; N], vec![1f32; N], vec![2f32; N]);
+    let mut best = f64::INFINITY;
+    for _ in 0..5 {
+        let start = Instant::now();
+        a.par_chunks_mut(CHUNK)
+            .zip(b.par_chunks(CHUNK))
+            .zip(c.par_chunks(CHUNK))
+            .for_each(|((a, b), c)| {
+                for ((a, b), c) in a.iter_mut().zip(b).zip(c) {
+                    *a = b + 3.0 * c;
+                }
+            });
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    assert!(a[N / 2] == 7.0, "the triad ran");
+    (3 * N * 4) as f64 / best / 1e9
+}
+
 fn argmax(row: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &x) in row.iter().enumerate() {
@@ -71,10 +100,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          context, then {} tokens decoded greedily, batch 1",
         args.new_tokens
     );
+    let bandwidth = triad_gb_s();
     println!(
-        "| pattern | context | prefill tok/s | decode tok/s | cache MiB | resident MiB | resident change while decoding (MiB) |"
+        "Memory bandwidth (triad, {} threads): {bandwidth:.1} GB/s",
+        rayon::current_num_threads()
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| pattern | context | prefill tok/s | decode tok/s | cache MiB | cache read GB/s | share of triad | resident MiB | resident change while decoding (MiB) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
     for pattern in &args.patterns {
         let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());
         device.seed(0);
@@ -105,9 +139,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 (Some(a), Some(b)) => format!("{:+.1}", b - a),
                 _ => "?".into(),
             };
+            let read = cache.bytes() as f64 * decode / 1e9;
             println!(
-                "| {pattern} | {context} | {prefill:.0} | {decode:.1} | {:.2} | {} | {growth} |",
+                "| {pattern} | {context} | {prefill:.0} | {decode:.1} | {:.2} | {read:.2} | {:.0} % | {} | {growth} |",
                 cache.bytes() as f64 / (1024.0 * 1024.0),
+                100.0 * read / bandwidth,
                 rss_mib().map_or("?".into(), |m| format!("{m:.0}")),
             );
         }

@@ -83,6 +83,12 @@ pub enum KernelError {
         /// What is missing or not allowed.
         what: &'static str,
     },
+    /// A decoding step's inputs that do not fit together.
+    #[error("flash_relation_decode: {reason}")]
+    DecodeInputs {
+        /// The shapes or length at fault, and the rule.
+        reason: String,
+    },
 }
 
 /// Result alias of this crate.

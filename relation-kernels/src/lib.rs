@@ -29,6 +29,7 @@
 mod backends;
 #[cfg(feature = "cube")]
 mod cube;
+mod decode;
 pub mod device;
 mod error;
 mod flash_relation;
@@ -55,6 +56,9 @@ pub mod debug;
 #[allow(dead_code)]
 mod debug;
 
+#[cfg(any(feature = "flex", feature = "cube"))]
+pub use decode::DecodeOps;
+pub use decode::{CachedRows, DecodeParams, flash_exchange_only_decode, flash_relation_decode};
 pub use device::cpu_threads;
 pub use error::{KernelError, Result};
 pub use flash_relation::{

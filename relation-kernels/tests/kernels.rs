@@ -11,6 +11,7 @@ mod common;
 mod chunk_linear_relation;
 #[cfg(any(feature = "wgpu", feature = "cpu", feature = "cuda"))]
 mod cube_smoke;
+mod decode;
 mod flash_relation;
 mod flex_threads;
 mod linear_relation;

@@ -138,7 +138,7 @@ impl CausalSelfAttention {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let (q, k, v) = self.qkv.forward(x, offset)?;
-        let (k, v) = cache.append_attention(k, v)?; // [B, T, H, D] each
+        let (k, v) = cache.append_attention(k, v)?.filled(); // [B, T, H, D] each
         let (y, _) = causal_rows(q, k, v, None);
         dense(&self.wo, merge_heads(y))
     }

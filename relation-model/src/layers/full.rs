@@ -5,7 +5,10 @@ use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use relation_core::{RopePositions, Segments, naive_exchange_only_rows, naive_relation_rows};
-use relation_kernels::{FlashInputs, Strategy, flash_exchange_only, flash_relation};
+use relation_kernels::{
+    CachedRows, FlashInputs, Strategy, flash_exchange_only, flash_exchange_only_decode,
+    flash_relation, flash_relation_decode,
+};
 
 use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads};
 use crate::cache::LayerCache;
@@ -150,14 +153,37 @@ impl MultiHeadRelation {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let offset = cache.len();
         let (p1, p2, info) = self.projection.forward(x, offset)?;
-        // Rotated `P2` and `Ĩ` of every position so far, [B, offset + n, H, D] each.
-        let (p2_all, info_all) = cache.append_full(p2, info)?;
-        // A prefill from an empty cache is the full causal forward (fused); later chunks compute
-        // their rows against every cached position with the reference.
-        let y = match (offset, self.exchange_only) {
-            (0, _) => return self.relation(FlashInputs::new(p1, p2_all, info_all)),
-            (_, false) => naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?,
-            (_, true) => naive_exchange_only_rows(p1, p2_all, info_all)?,
+        let n = p1.dims()[1];
+        // Rotated `P2` and `Ĩ` of every position so far: rows `0..offset + n` of the cache.
+        let rows = cache.append_full(p2, info)?;
+        // A prefill from an empty cache is the full causal forward (fused); one new token is the
+        // fused decoding step, which reads the cache buffers in place; later chunks of several
+        // tokens compute their rows against every cached position with the reference.
+        let y = match (offset, n, self.exchange_only) {
+            (0, _, _) => {
+                let (p2_all, info_all) = rows.filled();
+                return self.relation(FlashInputs::new(p1, p2_all, info_all));
+            }
+            (_, 1, exchange_only) => {
+                let cached = CachedRows {
+                    p2: rows.a,
+                    info: rows.b,
+                    len: rows.len,
+                };
+                if exchange_only {
+                    flash_exchange_only_decode(p1, cached, Strategy::Auto)?
+                } else {
+                    flash_relation_decode(p1, cached, self.lambda(), self.tau, Strategy::Auto)?
+                }
+            }
+            (_, _, false) => {
+                let (p2_all, info_all) = rows.filled();
+                naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?
+            }
+            (_, _, true) => {
+                let (p2_all, info_all) = rows.filled();
+                naive_exchange_only_rows(p1, p2_all, info_all)?
+            }
         };
         dense(&self.wo, merge_heads(y))
     }

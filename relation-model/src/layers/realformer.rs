@@ -54,7 +54,7 @@ impl RealFormerAttention {
     ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
         let offset = cache.len();
         let (q, k, v) = self.attention.qkv.forward(x, offset)?;
-        let (k, v) = cache.append_attention(k, v)?; // [B, T, H, D] each
+        let (k, v) = cache.append_attention(k, v)?.filled(); // [B, T, H, D] each
         let (y, scores) = causal_rows(q, k, v, previous);
         Ok((dense(&self.attention.wo, merge_heads(y))?, scores))
     }

@@ -1,0 +1,234 @@
+//! The decoding step on CubeCL: the split-K of `flex.rs` in two launches.
+//!
+//! 1. `decode_blocks_kernel`: one cube per `(block of cached positions, b, h)`, `UNITS` units;
+//!    unit `u` of block `k` takes positions `j0 + u, j0 + u + UNITS, …` of the block and keeps
+//!    the online-softmax state of the Exchange part (`m`, `l`, `z`) in registers, then writes it
+//!    to its own slot of a partials buffer (no shared memory, no atomics).
+//! 2. `decode_merge_kernel`: one cube per `(b, h)`, one unit per channel: rescales every
+//!    partial to the largest `m`, sums, and finishes the row with the Self term as the fused
+//!    forward does.
+//!
+//! `m` starts at 0 in every unit (`SiLU(u) >= -0.2785`, so every exponent stays `<= 0.28`; a
+//! unit with no position keeps `l = 0` and adds nothing). The integer sizes travel in a small
+//! `u32` table: `(len, C, block, partials per (b, h))`.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
+use cubecl::prelude::*;
+
+use super::DecodeParams;
+use crate::cube::{empty_like, empty_like_dtype, sigmoid};
+
+/// Units per cube of the block kernel.
+const UNITS: usize = 32;
+/// Positions per block, at least (more when the history needs more than `MAX_BLOCKS` blocks).
+const MIN_BLOCK: usize = 512;
+/// Blocks per `(b, h)`, at most.
+const MAX_BLOCKS: usize = 4096;
+
+#[cube(launch)]
+fn decode_blocks_kernel<F: Float>(
+    p1: &Tensor<F>,
+    p2: &Tensor<F>,
+    info: &Tensor<F>,
+    sizes: &Tensor<u32>,
+    part: &mut Tensor<f32>,
+    scale: f32,
+    #[comptime] head_dim: usize,
+    #[define(F)] _dtype: ElemType,
+) {
+    let heads = p1.shape(2);
+    let k = CUBE_POS_X as usize;
+    let bh = CUBE_POS_Y as usize;
+    let (b, h) = (bh / heads, bh % heads);
+    let len = sizes[0] as usize;
+    let c = sizes[1] as usize;
+    let block = sizes[2] as usize;
+    let partials = sizes[3] as usize;
+    let history = len - 1;
+    let j0 = k * block;
+    let mut j1 = j0 + block;
+    if j1 > history {
+        j1 = history;
+    }
+
+    let mut q = Array::<f32>::new(head_dim);
+    let mut z = Array::<f32>::new(head_dim);
+    #[unroll]
+    for d in 0..head_dim {
+        q[d] = f32::cast_from(p1[bh * head_dim + d]) * scale; // p1 [B, 1, H, D]
+        z[d] = 0.0f32;
+    }
+    let mut m = f32::new(0.0);
+    let mut l = f32::new(0.0);
+    let row = heads * head_dim;
+    let mut j = j0 + UNIT_POS_X as usize;
+    while j < j1 {
+        let base = (b * c + j) * row + h * head_dim;
+        let mut u = f32::new(0.0);
+        #[unroll]
+        for d in 0..head_dim {
+            u += q[d] * f32::cast_from(p2[base + d]);
+        }
+        let e = u * sigmoid(u); // E = SiLU(U)
+        if e > m {
+            let correction = (m - e).exp();
+            l *= correction;
+            #[unroll]
+            for d in 0..head_dim {
+                z[d] *= correction;
+            }
+            m = e;
+        }
+        let p = (e - m).exp();
+        l += p;
+        #[unroll]
+        for d in 0..head_dim {
+            z[d] += p * f32::cast_from(info[base + d]);
+        }
+        j += UNITS;
+    }
+    let slot = (bh * partials + k * UNITS + UNIT_POS_X as usize) * (head_dim + 2);
+    part[slot] = m;
+    part[slot + 1] = l;
+    #[unroll]
+    for d in 0..head_dim {
+        part[slot + 2 + d] = z[d];
+    }
+}
+
+#[cube(launch)]
+fn decode_merge_kernel<F: Float>(
+    p1: &Tensor<F>,
+    p2: &Tensor<F>,
+    info: &Tensor<F>,
+    lambda: &Tensor<F>,
+    sizes: &Tensor<u32>,
+    part: &Tensor<f32>,
+    y: &mut Tensor<F>,
+    scale: f32,
+    inv_tau: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] exchange_only: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let heads = p1.shape(2);
+    let bh = CUBE_POS_X as usize;
+    let d = UNIT_POS_X as usize;
+    let (b, h) = (bh / heads, bh % heads);
+    let len = sizes[0] as usize;
+    let c = sizes[1] as usize;
+    let partials = sizes[3] as usize;
+    let newest = ((b * c + len - 1) * heads + h) * head_dim; // row `len - 1`, head `h`
+    let own = f32::cast_from(info[newest + d]);
+    let mut out = own;
+    if len > 1 {
+        let width = head_dim + 2;
+        let first = bh * partials;
+        let mut m = f32::new(0.0);
+        for p in 0..partials {
+            let mp = part[(first + p) * width];
+            if mp > m {
+                m = mp;
+            }
+        }
+        let mut l = f32::new(0.0);
+        let mut z = f32::new(0.0);
+        for p in 0..partials {
+            let at = (first + p) * width;
+            let s = (part[at] - m).exp();
+            l += s * part[at + 1];
+            z += s * part[at + 2 + d];
+        }
+        let ibar = z / l;
+        if exchange_only {
+            out = ibar;
+        } else {
+            let mut u = f32::new(0.0);
+            #[unroll]
+            for e in 0..head_dim {
+                u += f32::cast_from(p1[bh * head_dim + e]) * f32::cast_from(p2[newest + e]);
+            }
+            let self_score = sigmoid(u * scale * inv_tau);
+            let log_mass = m + l.ln() - f32::cast_from(lambda[0]) * f32::cast_from(len as u32).ln();
+            let g = sigmoid(log_mass - self_score);
+            out = own + g * (ibar - own);
+        }
+    }
+    y[bh * head_dim + d] = F::cast_from(out);
+}
+
+/// The decoding step of [`super::flash_relation_decode`] on a CubeCL runtime.
+///
+/// # Shapes
+/// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]`; `lambda`: `[1]`; output `[B, 1, H, D]`
+pub(super) fn decode(
+    p1: CubeTensor,
+    p2: CubeTensor,
+    info: CubeTensor,
+    lambda: CubeTensor,
+    params: DecodeParams,
+) -> CubeTensor {
+    let [p1, p2, info, lambda] = [p1, p2, info, lambda].map(into_contiguous);
+    let dims = p1.meta.shape().clone();
+    let (b, h, d) = (dims[0], dims[2], dims[3]);
+    let c = p2.meta.shape()[1];
+    let history = params.len - 1;
+    let block = history.div_ceil(MAX_BLOCKS).max(MIN_BLOCK);
+    let blocks = history.div_ceil(block);
+    let partials = blocks * UNITS;
+    let client = p1.client.clone();
+    let dtype = dtype_to_storage_type(p1.dtype);
+
+    let sizes: Vec<u8> = [params.len, c, block, partials]
+        .iter()
+        .flat_map(|&v| u32::try_from(v).expect("cache rows fit u32").to_le_bytes())
+        .collect();
+    let sizes = CubeTensor::new_contiguous(
+        client.clone(),
+        p1.device.clone(),
+        Shape::new([4]),
+        client.create_from_slice(&sizes),
+        DType::U32,
+    );
+    let part = empty_like_dtype(
+        &p1,
+        Shape::new([(b * h * partials * (d + 2)).max(1)]),
+        DType::F32,
+    );
+    if blocks > 0 {
+        decode_blocks_kernel::launch(
+            &client,
+            CubeCount::Static(blocks as u32, (b * h) as u32, 1),
+            CubeDim::new_1d(UNITS as u32),
+            p1.clone().into_tensor_arg(),
+            p2.clone().into_tensor_arg(),
+            info.clone().into_tensor_arg(),
+            sizes.clone().into_tensor_arg(),
+            part.clone().into_tensor_arg(),
+            params.scale,
+            d,
+            dtype,
+        );
+    }
+    let y = empty_like(&p1, Shape::new([b, 1, h, d]));
+    decode_merge_kernel::launch(
+        &client,
+        CubeCount::Static((b * h) as u32, 1, 1),
+        CubeDim::new_1d(d as u32),
+        p1.into_tensor_arg(),
+        p2.into_tensor_arg(),
+        info.into_tensor_arg(),
+        lambda.into_tensor_arg(),
+        sizes.into_tensor_arg(),
+        part.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        params.scale,
+        params.inv_tau,
+        d,
+        params.exchange_only,
+        dtype,
+    );
+    y
+}

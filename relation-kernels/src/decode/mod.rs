@@ -1,0 +1,217 @@
+//! One decoding step of FlashRelation against a Relation Cache: the new token's row of the
+//! relation over every cached position (`docs/maths.md#8-the-relation-cache`), read from a
+//! cache buffer that holds more rows than are filled.
+//!
+//! The reference is [`relation_core::naive_relation_rows`] (or its Exchange-only twin) over the
+//! filled rows. The fused step cuts the cached positions into blocks, reduces each block's
+//! Exchange part on its own to a running maximum, a normaliser and a weighted sum of `Ĩ`
+//! (split-K, as flash-decoding does for attention), and merges the blocks with their
+//! log-sum-exp statistics, so one long sequence keeps every core busy and the cache is read
+//! once: on Flex one pass on the thread pool (`flex.rs`), on CubeCL runtimes two launches, the
+//! blocks and the merge (`cube.rs`). Other backends run the reference over a narrowed view of
+//! the buffers.
+
+#[cfg(any(feature = "flex", feature = "cube"))]
+mod autodiff;
+#[cfg(feature = "cube")]
+mod cube;
+#[cfg(feature = "flex")]
+mod flex;
+
+#[cfg(any(feature = "flex", feature = "cube"))]
+use burn::backend::tensor::FloatTensor;
+#[cfg(any(feature = "flex", feature = "cube"))]
+use burn::backend::{Backend, backend_extension};
+use burn::tensor::Tensor;
+use relation_core::{check, naive_exchange_only_rows, naive_relation_rows};
+
+use crate::error::{KernelError, Result};
+use crate::strategy::Strategy;
+
+/// The scalars of one decoding step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeParams {
+    /// Filled rows of the cache buffers: positions `0..len`, the new token at `len - 1`.
+    pub len: usize,
+    /// `1 / sqrt(D)`.
+    pub scale: f32,
+    /// `1 / tau_S` (unused for Exchange-only).
+    pub inv_tau: f32,
+    /// The Exchange-only ablation: no Self term, `λ` unused.
+    pub exchange_only: bool,
+}
+
+/// The fused decoding step. Not called directly: use [`flash_relation_decode`], which checks its
+/// inputs and picks the strategy.
+#[cfg(any(feature = "flex", feature = "cube"))]
+#[backend_extension(
+    Cube: cfg(feature = "cube"),
+    Fusion: cfg(feature = "cube"),
+    Flex: cfg(feature = "flex"),
+    Autodiff,
+)]
+pub trait DecodeOps: Backend {
+    /// The new token's output row.
+    ///
+    /// # Shapes
+    /// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]` with `C >= params.len`; `lambda`: `[1]`
+    /// - output: `[B, 1, H, D]`, in `p1`'s dtype
+    #[fusion(dtype = p1, shape = p1)]
+    fn flash_relation_decode(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        params: DecodeParams,
+    ) -> FloatTensor<Self>;
+}
+
+#[cfg(feature = "flex")]
+impl DecodeOps for burn::backend::Flex {
+    fn flash_relation_decode(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        params: DecodeParams,
+    ) -> FloatTensor<Self> {
+        flex::decode(p1, p2, info, lambda, params)
+    }
+}
+
+#[cfg(feature = "cube")]
+impl DecodeOps for burn_cubecl::CubeBackend {
+    fn flash_relation_decode(
+        p1: FloatTensor<Self>,
+        p2: FloatTensor<Self>,
+        info: FloatTensor<Self>,
+        lambda: FloatTensor<Self>,
+        params: DecodeParams,
+    ) -> FloatTensor<Self> {
+        cube::decode(p1, p2, info, lambda, params)
+    }
+}
+
+/// The cached rows a decoding step reads: the first `len` rows of buffers that may hold more
+/// (a cache keeps spare room so that it grows in place).
+///
+/// # Shapes
+/// - `p2` (rotated `P2`), `info` (`Ĩ`): `[B, C, H, D]` with `1 <= len <= C`
+#[derive(Debug, Clone)]
+pub struct CachedRows {
+    /// Rotated `P2` of every position, rows `len..C` unused.
+    pub p2: Tensor<4>,
+    /// `Ĩ` of every position, rows `len..C` unused.
+    pub info: Tensor<4>,
+    /// Filled rows: positions `0..len`, the new token's at `len - 1`.
+    pub len: usize,
+}
+
+/// The new token's row of the Self-Exchange Relation against the cache: row `len - 1` of
+/// [`relation_core::naive_relation_rows`] over the `len` filled rows of `cache`, which already
+/// hold the new token's `P2` and `Ĩ`.
+///
+/// [`Strategy::Auto`] runs the fused split-K step on Flex and CubeCL runtimes (f32, f16, bf16;
+/// computed in f32) and the reference over the filled rows elsewhere; [`Strategy::Fused`] is an
+/// error on a device without kernels.
+///
+/// # Shapes
+/// - `p1`: `[B, 1, H, D]`; `cache`: `[B, C, H, D]` buffers; `lambda`: `[1]`
+/// - output: `[B, 1, H, D]`
+///
+/// # Errors
+/// Mismatched shapes, dtypes or devices; `len` 0 or above `C`; a bad `tau_s`;
+/// [`Strategy::Fused`] on a device without kernels.
+pub fn flash_relation_decode(
+    p1: Tensor<4>,
+    cache: CachedRows,
+    lambda: Tensor<1>,
+    tau_s: f64,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    check::exact_shape("lambda", &lambda, "[1]", [1])?;
+    check::tau(tau_s)?;
+    check::same_device("lambda", &lambda, &p1)?;
+    decode(p1, cache, Some((lambda, tau_s)), strategy)
+}
+
+/// The new token's row of the Exchange-only ablation against the cache (row `len - 1` of
+/// [`relation_core::naive_exchange_only_rows`]); as [`flash_relation_decode`] otherwise.
+///
+/// # Shapes
+/// - `p1`: `[B, 1, H, D]`; `cache`: `[B, C, H, D]` buffers; output: `[B, 1, H, D]`
+///
+/// # Errors
+/// As [`flash_relation_decode`].
+pub fn flash_exchange_only_decode(
+    p1: Tensor<4>,
+    cache: CachedRows,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    decode(p1, cache, None, strategy)
+}
+
+/// The checks and the choice of path; `relation` is `None` for Exchange-only.
+fn decode(
+    p1: Tensor<4>,
+    cache: CachedRows,
+    relation: Option<(Tensor<1>, f64)>,
+    strategy: Strategy,
+) -> Result<Tensor<4>> {
+    let CachedRows { p2, info, len } = cache;
+    let rows = check::bthd("p2", &p2)?;
+    check::same_bthd("info", &info, "p2", &rows)?;
+    let q = check::bthd("p1", &p1)?;
+    if q.seq != 1 || (q.batch, q.heads, q.head_dim) != (rows.batch, rows.heads, rows.head_dim) {
+        return Err(KernelError::DecodeInputs {
+            reason: format!(
+                "one new row per sequence, p1 [B, 1, H, D], against a cache [B, C, H, D]; got p1 {:?} and p2 {:?}",
+                p1.dims(),
+                p2.dims()
+            ),
+        });
+    }
+    let c = rows.seq;
+    if len == 0 || len > c {
+        return Err(KernelError::DecodeInputs {
+            reason: format!("len {len}: the cache holds {c} rows, and len must be in 1..={c}"),
+        });
+    }
+    check::same_dtype("p2", &p2, "p1", &p1)?;
+    check::same_dtype("info", &info, "p1", &p1)?;
+    check::same_device("p2", &p2, &p1)?;
+    check::same_device("info", &info, &p1)?;
+    if !strategy.use_fused("flash_relation_decode", &p1)? {
+        let (p2, info) = (p2.narrow(1, 0, len), info.narrow(1, 0, len));
+        return Ok(match relation {
+            None => naive_exchange_only_rows(p1, p2, info)?,
+            Some((lambda, tau_s)) => naive_relation_rows(p1, p2, info, lambda, tau_s)?,
+        });
+    }
+    #[cfg(any(feature = "flex", feature = "cube"))]
+    {
+        use burn::backend::Dispatch;
+        let exchange_only = relation.is_none();
+        let (lambda, tau_s) = match relation {
+            Some((lambda, tau_s)) => (lambda, tau_s),
+            // Unused by Exchange-only; any valid scalars.
+            None => (Tensor::zeros([1], &p1.device()), 1.0),
+        };
+        let params = DecodeParams {
+            len,
+            scale: 1.0 / (rows.head_dim as f32).sqrt(),
+            inv_tau: (1.0 / tau_s) as f32,
+            exchange_only,
+        };
+        let lambda = lambda.cast(p1.dtype());
+        Ok(Tensor::from_dispatch(Dispatch::flash_relation_decode(
+            p1.into_dispatch(),
+            p2.into_dispatch(),
+            info.into_dispatch(),
+            lambda.into_dispatch(),
+            params,
+        )))
+    }
+    #[cfg(not(any(feature = "flex", feature = "cube")))]
+    unreachable!("use_fused is false without kernels")
+}

@@ -1,0 +1,166 @@
+//! One decoding step against a Relation Cache (`flash_relation_decode`,
+//! `flash_exchange_only_decode`): the fused split-K step on every device with kernels against the
+//! reference rows over the filled part of the cache, with NaN in the cache's spare rows (a step
+//! must never read them) and the outputs poisoned; awkward head dimensions and lengths from 1
+//! (no history) to several blocks; f32, f16 and bf16; the last row of the full forward; bad
+//! inputs.
+
+use burn::tensor::{DType, Device, Tensor, TensorData};
+use relation_core::testing::{Check, assert_close, tolerance, uniform};
+use relation_core::{DEFAULT_TAU, naive_exchange_only_rows, naive_relation_rows};
+use relation_kernels::{
+    CachedRows, FlashInputs, KernelError, Strategy, debug, flash_exchange_only_decode,
+    flash_relation, flash_relation_decode,
+};
+
+use crate::common::{assert_path, devices, to_flex};
+
+/// `[B, C, H, D]` buffers whose first `len` rows are random and the rest NaN, and a query row.
+fn cache(b: usize, len: usize, spare: usize, h: usize, d: usize, seed: u64) -> [TensorData; 3] {
+    let flex = Device::flex();
+    let filled = |seed, scale| uniform([b, len, h, d], seed, scale, &flex, DType::F32);
+    let nan = Tensor::<4>::full([b, spare, h, d], f32::NAN, &flex);
+    let buffer = |seed, scale| Tensor::cat(vec![filled(seed, scale), nan.clone()], 1).into_data();
+    let query = uniform([b, 1, h, d], seed + 9, 2.0, &flex, DType::F32).into_data();
+    [query, buffer(seed, 2.0), buffer(seed + 1, 1.0)]
+}
+
+/// On `device` in `dtype` (values rounded through `dtype` first, so both sides see the same).
+fn on(data: &TensorData, device: &Device, dtype: DType) -> Tensor<4> {
+    Tensor::from_data(data.clone(), (device, dtype))
+}
+
+/// The fused step on `device` in `dtype` against the reference rows (f32, on Flex, from the same
+/// rounded inputs), with and without the Self term.
+fn check_decode(device: &Device, dtype: DType) {
+    debug::poison_outputs(true);
+    let flex = Device::flex();
+    let lambda = |device: &Device| Tensor::<1>::from_data([0.7f32], device);
+    // (B, len, spare rows, H, D): no history, one, a ragged block, several blocks of the split.
+    for (b, len, spare, h, d) in [
+        (1, 1, 3, 2, 48),
+        (2, 2, 0, 3, 60),
+        (1, 63, 5, 2, 80),
+        (2, 1000, 24, 4, 32),
+        (1, 5000, 1, 2, 48),
+    ] {
+        let [q, p2, info] = cache(b, len, spare, h, d, len as u64);
+        let what = format!("{device:?} B {b} len {len} spare {spare} H {h} D {d} {dtype:?}");
+        let rows = |device: &Device| CachedRows {
+            p2: on(&p2, device, dtype),
+            info: on(&info, device, dtype),
+            len,
+        };
+        let fused = assert_path(&what, "fused", || {
+            flash_relation_decode(
+                on(&q, device, dtype),
+                rows(device),
+                lambda(device),
+                DEFAULT_TAU,
+                Strategy::Fused,
+            )
+            .unwrap()
+        });
+        let exchange = assert_path(&what, "fused", || {
+            flash_exchange_only_decode(on(&q, device, dtype), rows(device), Strategy::Fused)
+                .unwrap()
+        });
+        // The reference in f32 on Flex over the filled rows, from the same rounded inputs.
+        let rounded = |data: &TensorData| on(data, &flex, dtype).cast(DType::F32);
+        let filled = |data: &TensorData| rounded(data).narrow(1, 0, len);
+        let (p1, p2r, infor) = (rounded(&q), filled(&p2), filled(&info));
+        let expected = naive_relation_rows(
+            p1.clone(),
+            p2r.clone(),
+            infor.clone(),
+            lambda(&flex),
+            DEFAULT_TAU,
+        )
+        .unwrap();
+        let expected_exchange = naive_exchange_only_rows(p1, p2r, infor).unwrap();
+        let tol = tolerance(dtype, Check::Forward);
+        assert_close(&what, &to_flex(fused), &expected, tol);
+        assert_close(
+            &format!("{what} exchange-only"),
+            &to_flex(exchange),
+            &expected_exchange,
+            tol,
+        );
+    }
+}
+
+device_tests! {
+    fn decode_step_matches_the_reference_rows_f32(device) {
+        check_decode(&device, DType::F32);
+    }
+}
+
+device_tests! {
+    fn decode_step_matches_the_reference_rows_f16(device) {
+        assert!(
+            device.supports_dtype(DType::F16),
+            "this device has no f16 support: f16 kernel tests cannot run here"
+        );
+        check_decode(&device, DType::F16);
+    }
+}
+
+bf16_device_tests! {
+    fn decode_step_matches_the_reference_rows_bf16(device) {
+        check_decode(&device, DType::BF16);
+    }
+}
+
+#[test]
+fn decode_step_is_the_last_row_of_the_full_forward() {
+    // What cached decoding relies on: the step over a cache of T rows gives row T - 1 of the
+    // fused forward over the same T tokens.
+    let (b, t, h, d) = (2, 300, 2, 32);
+    for device in devices() {
+        let x = |seed, scale| uniform([b, t, h, d], seed, scale, &device, DType::F32);
+        let (p1, p2, info) = (x(1, 2.0), x(2, 2.0), x(3, 1.0));
+        let lambda = Tensor::<1>::from_data([0.5f32], &device);
+        let full = flash_relation(
+            FlashInputs::new(p1.clone(), p2.clone(), info.clone()),
+            lambda.clone(),
+            DEFAULT_TAU,
+            Strategy::Auto,
+        )
+        .unwrap();
+        let step = flash_relation_decode(
+            p1.narrow(1, t - 1, 1),
+            CachedRows { p2, info, len: t },
+            lambda,
+            DEFAULT_TAU,
+            Strategy::Auto,
+        )
+        .unwrap();
+        assert_close(
+            &format!("{device:?}"),
+            &step,
+            &full.narrow(1, t - 1, 1),
+            tolerance(DType::F32, Check::Forward),
+        );
+    }
+}
+
+#[test]
+fn decode_step_refuses_inputs_that_do_not_fit() {
+    let flex = Device::flex();
+    let [q, p2, info] = cache(1, 8, 2, 2, 16, 5);
+    let rows = |len| CachedRows {
+        p2: on(&p2, &flex, DType::F32),
+        info: on(&info, &flex, DType::F32),
+        len,
+    };
+    let lambda = Tensor::<1>::from_data([0.5f32], &flex);
+    let step = |q: Tensor<4>, len| {
+        flash_relation_decode(q, rows(len), lambda.clone(), DEFAULT_TAU, Strategy::Auto)
+    };
+    let message = |r: Result<Tensor<4>, KernelError>| r.unwrap_err().to_string();
+    let q1 = on(&q, &flex, DType::F32);
+    assert!(message(step(q1.clone(), 0)).contains("len 0: the cache holds 10 rows"));
+    assert!(message(step(q1.clone(), 11)).contains("len 11: the cache holds 10 rows"));
+    let two_rows = Tensor::cat(vec![q1.clone(), q1], 1);
+    assert!(message(step(two_rows, 8)).contains("one new row per sequence"));
+}
