@@ -21,7 +21,10 @@ use burn::tensor::Shape;
 use rayon::prelude::*;
 
 use super::DecodeParams;
-use crate::flex::{dims4, f32_data, output, read_f32, tensor};
+use crate::flex::{
+    LANES, MulAdd, Unfused, Vectorized, dims4, exp, f32_data, max_of, output, read_f32, sigmoid,
+    silu, tensor, vectorized,
+};
 
 /// Positions per block, at most.
 const MAX_BLOCK: usize = 4096;
@@ -38,26 +41,90 @@ struct Partial {
     z: Vec<f32>,
 }
 
-/// `a · b` in eight independent lanes (so the compiler vectorizes it), then their sum.
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let (a8, a_rest) = a.split_at(a.len() / 8 * 8);
+/// `a · b` in [`LANES`] independent partial sums (so it vectorises), combined in a fixed order.
+#[inline(always)]
+fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let (a8, a_rest) = a.split_at(a.len() / LANES * LANES);
     let (b8, b_rest) = b.split_at(a8.len());
-    for (x, y) in a8.chunks_exact(8).zip(b8.chunks_exact(8)) {
-        for k in 0..8 {
-            lanes[k] += x[k] * y[k];
+    for (x, y) in a8.chunks_exact(LANES).zip(b8.chunks_exact(LANES)) {
+        for k in 0..LANES {
+            lanes[k] = M::mul_add(x[k], y[k], lanes[k]);
         }
     }
-    let tail: f32 = a_rest.iter().zip(b_rest).map(|(x, y)| x * y).sum();
+    let tail = a_rest
+        .iter()
+        .zip(b_rest)
+        .fold(0.0, |s, (x, y)| M::mul_add(*x, *y, s));
     lanes.iter().sum::<f32>() + tail
 }
 
-fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
+/// `Σ xs` in [`LANES`] partial sums, combined in a fixed order.
+#[inline(always)]
+fn sum(xs: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let mut chunks = xs.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (lane, x) in lanes.iter_mut().zip(chunk) {
+            *lane += x;
+        }
+    }
+    chunks.remainder().iter().sum::<f32>() + lanes.iter().sum::<f32>()
 }
 
-fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
+/// One block of cached positions for every head of one sequence, inside the SIMD dispatch:
+/// the scores of all heads first (`[H, n]`, so SiLU, the maximum and the exponentials run over
+/// contiguous rows), then the weighted sum of `Ĩ`.
+struct Block<'a> {
+    /// The new row's `P1`, `[H, D]`.
+    query: &'a [f32],
+    /// The block's rows of `P2` and `Ĩ`, `[n, H, D]` each.
+    keys: &'a [f32],
+    values: &'a [f32],
+    heads: usize,
+    head_dim: usize,
+    scale: f32,
+}
+
+impl Vectorized for Block<'_> {
+    type Output = Partial;
+
+    #[inline(always)]
+    fn run<M: MulAdd>(self) -> Partial {
+        let (h, d) = (self.heads, self.head_dim);
+        let row = h * d;
+        let n = self.keys.len() / row;
+        let mut scores = vec![0f32; h * n]; // [H, n]
+        for (j, key) in self.keys.chunks_exact(row).enumerate() {
+            for (hi, (q, k)) in self
+                .query
+                .chunks_exact(d)
+                .zip(key.chunks_exact(d))
+                .enumerate()
+            {
+                scores[hi * n + j] = self.scale * dot::<M>(q, k);
+            }
+        }
+        let mut m = vec![0f32; h];
+        let mut l = vec![0f32; h];
+        for (hi, s) in scores.chunks_exact_mut(n).enumerate() {
+            s.iter_mut().for_each(|u| *u = silu::<M>(*u)); // E
+            m[hi] = max_of(s, f32::NEG_INFINITY);
+            let top = m[hi];
+            s.iter_mut().for_each(|e| *e = exp::<M>(*e - top)); // weights e^(E - m)
+            l[hi] = sum(s);
+        }
+        let mut z = vec![0f32; row];
+        for (j, value) in self.values.chunks_exact(row).enumerate() {
+            for (hi, (acc, v)) in z.chunks_exact_mut(d).zip(value.chunks_exact(d)).enumerate() {
+                let w = scores[hi * n + j];
+                for (a, x) in acc.iter_mut().zip(v) {
+                    *a = M::mul_add(w, *x, *a);
+                }
+            }
+        }
+        Partial { m, l, z }
+    }
 }
 
 /// The decoding step of [`super::flash_relation_decode`] on Flex.
@@ -88,33 +155,15 @@ pub(super) fn decode(
         .map(|task| {
             let (bi, k) = (task / blocks, task % blocks);
             let (j0, j1) = (k * block, ((k + 1) * block).min(history));
-            let base = bi * c * row;
-            let query = &q[bi * row..(bi + 1) * row];
-            let mut scores = vec![0f32; (j1 - j0) * h]; // [position, H]
-            let mut m = vec![f32::NEG_INFINITY; h];
-            for (slot, j) in scores.chunks_exact_mut(h).zip(j0..j1) {
-                let key = &keys[base + j * row..base + (j + 1) * row];
-                for hi in 0..h {
-                    let head = hi * d..(hi + 1) * d;
-                    let e = silu(params.scale * dot(&query[head.clone()], &key[head]));
-                    slot[hi] = e;
-                    m[hi] = m[hi].max(e);
-                }
-            }
-            let mut l = vec![0f32; h];
-            let mut z = vec![0f32; row];
-            for (slot, j) in scores.chunks_exact(h).zip(j0..j1) {
-                let value = &values[base + j * row..base + (j + 1) * row];
-                for hi in 0..h {
-                    let w = (slot[hi] - m[hi]).exp();
-                    l[hi] += w;
-                    let head = hi * d..(hi + 1) * d;
-                    for (acc, v) in z[head.clone()].iter_mut().zip(&value[head]) {
-                        *acc += w * v;
-                    }
-                }
-            }
-            Partial { m, l, z }
+            let rows = bi * c * row + j0 * row..bi * c * row + j1 * row;
+            vectorized(Block {
+                query: &q[bi * row..(bi + 1) * row],
+                keys: &keys[rows.clone()],
+                values: &values[rows],
+                heads: h,
+                head_dim: d,
+                scale: params.scale,
+            })
         })
         .collect();
 
@@ -150,9 +199,10 @@ pub(super) fn decode(
             }
             let query = &q[bi * row..(bi + 1) * row][head.clone()];
             let key = &keys[newest..newest + row][head];
-            let self_score = sigmoid(params.scale * dot(query, key) * params.inv_tau);
+            let u = params.scale * dot::<Unfused>(query, key);
+            let self_score = sigmoid::<Unfused>(u * params.inv_tau);
             let log_mass = m + l.ln() - lambda * log_count;
-            let g = sigmoid(log_mass - self_score);
+            let g = sigmoid::<Unfused>(log_mass - self_score);
             for (v, o) in y.iter_mut().zip(own) {
                 *v = o + g * (*v - o);
             }
