@@ -322,81 +322,68 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
         &[],
         "applies to --format hf",
     );
-    let broken = |name: &str, edit: &dyn Fn(&Path)| {
-        let folder = tmp.path().join(name);
-        copy_folder(&hf, &folder);
-        edit(&folder);
-        folder
-    };
-    let set = |key: &'static str, value: serde_json::Value| {
-        move |folder: &Path| {
+    let set = |key: &'static str, value: serde_json::Value| -> Box<dyn Fn(&Path)> {
+        Box::new(move |folder: &Path| {
             let mut config = json(&folder.join("config.json"));
             config[key] = value.clone();
             std::fs::write(folder.join("config.json"), config.to_string()).unwrap();
-        }
+        })
     };
-    let llama = broken("llama", &set("model_type", "llama".into()));
-    fails_with(
-        &import(&llama, &fresh("o1")),
-        &[],
-        "model_type is \"llama\"",
-    );
-    let vocab_off = broken("vocab", &set("vocab_size", (vocab + 1).into()));
-    fails_with(
-        &import(&vocab_off, &fresh("o2")),
-        &[],
-        &format!("the tokenizer has {vocab} tokens but the model's vocabulary"),
-    );
-    let missing = broken("missing", &|f| {
-        edit_weights(f, |t| {
-            t.remove("model.layers.1.mixer.count_lambda");
-        })
-    });
-    fails_with(
-        &import(&missing, &fresh("o3")),
-        &[],
-        "tensor `model.layers.1.mixer.count_lambda` is missing",
-    );
-    let misshapen = broken("misshapen", &|f| {
-        edit_weights(f, |t| {
-            t.insert(
-                "model.layers.2.mixer.q_proj.weight".into(),
-                (vec![32, 16], vec![0.5; 512]),
-            );
-        })
-    });
-    fails_with(
-        &import(&misshapen, &fresh("o4")),
-        &[],
-        "`model.layers.2.mixer.q_proj.weight` has shape [32, 16], the model needs [32, 32]",
-    );
-    let extra = broken("extra", &|f| {
-        edit_weights(f, |t| {
-            t.insert(
-                "model.layers.0.mixer.count_lambda".into(),
-                (vec![1], vec![0.5]),
-            );
-        })
-    });
-    fails_with(
-        &import(&extra, &fresh("o5")),
-        &[],
-        "`model.layers.0.mixer.count_lambda` belongs to no weight",
-    );
-    let poisoned = broken("nan", &|f| {
-        edit_weights(f, |t| {
-            t.get_mut("model.norm.weight").unwrap().1[3] = f32::NAN;
-        })
-    });
-    fails_with(
-        &import(&poisoned, &fresh("o6")),
-        &[],
-        "`model.norm.weight` holds a value that is not finite",
-    );
-    for (name, dir) in [("o1", "llama"), ("o3", "missing"), ("o6", "nan")] {
+    let weights = |edit: fn(&mut HashMap<String, (Vec<usize>, Vec<f32>)>)| -> Box<dyn Fn(&Path)> {
+        Box::new(move |folder: &Path| edit_weights(folder, edit))
+    };
+    let vocab_message = format!("the tokenizer has {vocab} tokens but the model's vocabulary");
+    let cases: [(&str, Box<dyn Fn(&Path)>, &str); 6] = [
+        (
+            "llama",
+            set("model_type", "llama".into()),
+            "model_type is \"llama\"",
+        ),
+        (
+            "vocab",
+            set("vocab_size", (vocab + 1).into()),
+            &vocab_message,
+        ),
+        (
+            "missing",
+            weights(|t| {
+                t.remove("model.layers.1.mixer.count_lambda");
+            }),
+            "tensor `model.layers.1.mixer.count_lambda` is missing",
+        ),
+        (
+            "misshapen",
+            weights(|t| {
+                let q = (vec![32, 16], vec![0.5; 512]);
+                t.insert("model.layers.2.mixer.q_proj.weight".into(), q);
+            }),
+            "`model.layers.2.mixer.q_proj.weight` has shape [32, 16], the model needs [32, 32]",
+        ),
+        (
+            "extra",
+            weights(|t| {
+                t.insert(
+                    "model.layers.0.mixer.count_lambda".into(),
+                    (vec![1], vec![0.5]),
+                );
+            }),
+            "`model.layers.0.mixer.count_lambda` belongs to no weight",
+        ),
+        (
+            "nan",
+            weights(|t| t.get_mut("model.norm.weight").unwrap().1[3] = f32::NAN),
+            "`model.norm.weight` holds a value that is not finite",
+        ),
+    ];
+    for (name, edit, message) in cases {
+        let folder = tmp.path().join(name);
+        copy_folder(&hf, &folder);
+        edit(&folder);
+        let out = fresh(&format!("{name}-run"));
+        fails_with(&import(&folder, &out), &[], message);
         assert!(
-            !tmp.path().join(name).exists(),
-            "a refused import ({dir}) wrote nothing"
+            !Path::new(&out).exists(),
+            "a refused import ({name}) wrote nothing"
         );
     }
 
