@@ -27,13 +27,18 @@ fn copy_folder(from: &Path, to: &Path) {
     }
 }
 
-/// Rewrites `folder/model.safetensors` after `edit` changes its tensors (name -> shape, f32
-/// values).
-fn edit_weights(folder: &Path, edit: impl FnOnce(&mut HashMap<String, (Vec<usize>, Vec<f32>)>)) {
+/// A folder's tensors: name -> (shape, f32 values).
+type Tensors = HashMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// A change made to a copy of an exported folder.
+type Edit = Box<dyn Fn(&Path)>;
+
+/// Rewrites `folder/model.safetensors` after `edit` changes its tensors.
+fn edit_weights(folder: &Path, edit: impl FnOnce(&mut Tensors)) {
     let path = folder.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
-    let mut tensors: HashMap<String, (Vec<usize>, Vec<f32>)> = file
+    let mut tensors: Tensors = file
         .tensors()
         .into_iter()
         .map(|(name, view)| {
@@ -322,18 +327,18 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
         &[],
         "applies to --format hf",
     );
-    let set = |key: &'static str, value: serde_json::Value| -> Box<dyn Fn(&Path)> {
+    let set = |key: &'static str, value: serde_json::Value| -> Edit {
         Box::new(move |folder: &Path| {
             let mut config = json(&folder.join("config.json"));
             config[key] = value.clone();
             std::fs::write(folder.join("config.json"), config.to_string()).unwrap();
         })
     };
-    let weights = |edit: fn(&mut HashMap<String, (Vec<usize>, Vec<f32>)>)| -> Box<dyn Fn(&Path)> {
+    let weights = |edit: fn(&mut Tensors)| -> Edit {
         Box::new(move |folder: &Path| edit_weights(folder, edit))
     };
     let vocab_message = format!("the tokenizer has {vocab} tokens but the model's vocabulary");
-    let cases: [(&str, Box<dyn Fn(&Path)>, &str); 6] = [
+    let cases: [(&str, Edit, &str); 6] = [
         (
             "llama",
             set("model_type", "llama".into()),
