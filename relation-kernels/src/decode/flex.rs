@@ -1,20 +1,24 @@
 //! The fused decoding step on Flex: split-K over blocks of cached positions.
 //!
 //! The history `j < i` of the new row `i = len - 1` is cut into blocks of consecutive positions,
-//! one task each on the thread pool. A task reads its block's rows of `P2` (every head of a
-//! position is one contiguous `H·D` row of the `[B, C, H, D]` buffer) once to get
-//! `E_j = SiLU(scale p1 · p2_j)` per head and their maximum `m`, then its rows of `Ĩ` once to
-//! accumulate `l = Σ e^(E_j - m)` and `z = Σ e^(E_j - m) Ĩ_j`. The merge rescales every
-//! block's `(l, z)` to the largest `m`, giving `L = m + log l` and `Ī = z / l`, and finishes the
-//! row as the fused forward does (`flash_relation/flex.rs`):
+//! one task each on the thread pool. A task reads its block once, position by position: the row
+//! of `P2` (every head of a position is one contiguous `H·D` row of the `[B, C, H, D]` buffer)
+//! gives `E_j = SiLU(scale p1 · p2_j)` for all heads at once, and the row of `Ĩ` goes straight
+//! into each head's online softmax, a running maximum `m`, `l = Σ e^(E_j - m)` and
+//! `z = Σ e^(E_j - m) Ĩ_j` (rescaled when `m` grows). The merge rescales every block's `(l, z)` to
+//! the largest `m`, giving `L = m + log l` and `Ī = z / l`, and finishes the row as the fused
+//! forward does (`flash_relation/flex.rs`):
 //!
 //! ```text
 //! S = sigmoid(scale p1 · p2_i / tau),  A = L - lambda log(i + 1),  g = sigmoid(A - S)
 //! Y = Ĩ_i + g (Ī - Ĩ_i);   Exchange-only: Y = Ī;   no history (len 1): Y = Ĩ_0
 //! ```
 //!
+//! One pass with both rows of a position side by side, rather than all scores of a block first
+//! and the values after: two streams from memory at once, and no score buffer (the two-pass
+//! form's speed is beside this one's in `docs/bench/long-context.md`).
 //! f32 buffers are read in place (no copy of the cache); f16/bf16 ones are converted to f32
-//! first, a pass over the filled rows.
+//! first, a pass over the buffers.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::Shape;
@@ -22,10 +26,12 @@ use rayon::prelude::*;
 
 use super::DecodeParams;
 use crate::flex::{
-    LANES, MulAdd, Unfused, Vectorized, dims4, exp, f32_data, max_of, output, read_f32, sigmoid,
+    LANES, MulAdd, Unfused, Vectorized, dims4, exp, f32_data, output, prefetch, read_f32, sigmoid,
     silu, tensor, vectorized,
 };
 
+/// Positions read ahead by software prefetch (rows of `H·D` values).
+const AHEAD: usize = 4;
 /// Positions per block, at most.
 const MAX_BLOCK: usize = 4096;
 /// Positions per block, at least (below it a task's set-up outweighs its work).
@@ -59,22 +65,10 @@ fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// `Σ xs` in [`LANES`] partial sums, combined in a fixed order.
-#[inline(always)]
-fn sum(xs: &[f32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let mut chunks = xs.chunks_exact(LANES);
-    for chunk in &mut chunks {
-        for (lane, x) in lanes.iter_mut().zip(chunk) {
-            *lane += x;
-        }
-    }
-    chunks.remainder().iter().sum::<f32>() + lanes.iter().sum::<f32>()
-}
-
-/// One block of cached positions for every head of one sequence, inside the SIMD dispatch:
-/// the scores of all heads first (`[H, n]`, so SiLU, the maximum and the exponentials run over
-/// contiguous rows), then the weighted sum of `Ĩ`.
+/// One block of cached positions for every head of one sequence, inside the SIMD dispatch, in
+/// one pass: per position, the scores of all heads (`[H]`, so SiLU and the exponentials run
+/// over the heads as one vector), then the online-softmax update of every head with that
+/// position's row of `Ĩ`, so the rows of `P2` and `Ĩ` stream from memory side by side.
 struct Block<'a> {
     /// The new row's `P1`, `[H, D]`.
     query: &'a [f32],
@@ -93,31 +87,51 @@ impl Vectorized for Block<'_> {
     fn run<M: MulAdd>(self) -> Partial {
         let (h, d) = (self.heads, self.head_dim);
         let row = h * d;
-        let n = self.keys.len() / row;
-        let mut scores = vec![0f32; h * n]; // [H, n]
-        for (j, key) in self.keys.chunks_exact(row).enumerate() {
-            for (hi, (q, k)) in self
-                .query
-                .chunks_exact(d)
-                .zip(key.chunks_exact(d))
-                .enumerate()
-            {
-                scores[hi * n + j] = self.scale * dot::<M>(q, k);
-            }
-        }
+        // `m` starts at 0: `SiLU(u) >= -0.2785`, so every weight `e^(E - m)` is at most
+        // `e^0.28` before the first rescale, and nothing overflows.
         let mut m = vec![0f32; h];
         let mut l = vec![0f32; h];
-        for (hi, s) in scores.chunks_exact_mut(n).enumerate() {
-            s.iter_mut().for_each(|u| *u = silu::<M>(*u)); // E
-            m[hi] = max_of(s, f32::NEG_INFINITY);
-            let top = m[hi];
-            s.iter_mut().for_each(|e| *e = exp::<M>(*e - top)); // weights e^(E - m)
-            l[hi] = sum(s);
-        }
         let mut z = vec![0f32; row];
-        for (j, value) in self.values.chunks_exact(row).enumerate() {
-            for (hi, (acc, v)) in z.chunks_exact_mut(d).zip(value.chunks_exact(d)).enumerate() {
-                let w = scores[hi * n + j];
+        let mut e = vec![0f32; h];
+        let mut w = vec![0f32; h];
+        for (j, (key, value)) in self
+            .keys
+            .chunks_exact(row)
+            .zip(self.values.chunks_exact(row))
+            .enumerate()
+        {
+            // The rows `AHEAD` positions on are requested now, so the streams from memory run
+            // ahead of the arithmetic.
+            let ahead = (j + AHEAD) * row..(j + AHEAD + 1) * row;
+            prefetch(self.keys.get(ahead.clone()).unwrap_or(&[]));
+            prefetch(self.values.get(ahead).unwrap_or(&[]));
+            for ((e, q), k) in e
+                .iter_mut()
+                .zip(self.query.chunks_exact(d))
+                .zip(key.chunks_exact(d))
+            {
+                *e = silu::<M>(self.scale * dot::<M>(q, k)); // E
+            }
+            for hi in 0..h {
+                if e[hi] > m[hi] {
+                    // A new maximum: rescale what the head has gathered (rare after the start).
+                    let factor = exp::<M>(m[hi] - e[hi]);
+                    l[hi] *= factor;
+                    z[hi * d..(hi + 1) * d]
+                        .iter_mut()
+                        .for_each(|a| *a *= factor);
+                    m[hi] = e[hi];
+                }
+            }
+            for ((w, e), m) in w.iter_mut().zip(&e).zip(&m) {
+                *w = exp::<M>(e - m);
+            }
+            for ((l, acc), (v, &w)) in l
+                .iter_mut()
+                .zip(z.chunks_exact_mut(d))
+                .zip(value.chunks_exact(d).zip(&w))
+            {
+                *l += w;
                 for (a, x) in acc.iter_mut().zip(v) {
                     *a = M::mul_add(w, *x, *a);
                 }
