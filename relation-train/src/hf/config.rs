@@ -17,7 +17,17 @@ pub const MODEL_TYPE: &str = "relation";
 /// Version of the folder layout (tensor names and `config.json` keys).
 pub const FORMAT: u32 = 1;
 
-/// `config.json` of a Relation model folder.
+fn default_dtype() -> String {
+    "float32".into()
+}
+
+fn default_format() -> u32 {
+    FORMAT
+}
+
+/// `config.json` of a Relation model folder. Written by `relation export --format hf`; read
+/// back from it or from a folder that transformers saved (`save_pretrained` keeps every key and
+/// adds its own, which are ignored).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HfConfig {
     /// Always [`MODEL_TYPE`].
@@ -63,13 +73,16 @@ pub struct HfConfig {
     pub max_position_embeddings: usize,
     /// Always true: the output projection is the embedding.
     pub tie_word_embeddings: bool,
-    /// The element type of `model.safetensors` (`float32`, `bfloat16`, `float16`).
+    /// The element type of `model.safetensors` (`float32`, `bfloat16`, `float16`); read from
+    /// `dtype` too, the name transformers 5 writes when it saves a model.
+    #[serde(alias = "dtype", default = "default_dtype")]
     pub torch_dtype: String,
     /// `<|endoftext|>`'s id, where the tokenizer has it.
     pub bos_token_id: Option<u32>,
     /// `<|endoftext|>`'s id, where the tokenizer has it.
     pub eos_token_id: Option<u32>,
     /// Version of the folder layout (tensor names and keys): 1.
+    #[serde(default = "default_format")]
     pub relation_format: u32,
 }
 
@@ -195,6 +208,12 @@ impl HfConfig {
             return Err(bad(
                 "tie_word_embeddings is false: Relation models share the embedding with the output projection".into(),
             ));
+        }
+        if self.relation_format != FORMAT {
+            return Err(bad(format!(
+                "relation_format {}: this build reads layout {FORMAT}",
+                self.relation_format
+            )));
         }
         if self.max_position_embeddings == 0 {
             return Err(bad("max_position_embeddings is 0".into()));

@@ -240,6 +240,32 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
         json(&hf.join("config.json")),
         json(&hf2.join("config.json"))
     );
+    // A folder as transformers 5 saves it (`dtype` for `torch_dtype`, its own keys added, the
+    // tokenizer saved apart) imports as well.
+    let saved = tmp.path().join("saved");
+    copy_folder(&hf, &saved);
+    let mut config = json(&saved.join("config.json"));
+    let dtype = config
+        .as_object_mut()
+        .unwrap()
+        .remove("torch_dtype")
+        .unwrap();
+    config["dtype"] = dtype;
+    config["transformers_version"] = "5.25.0".into();
+    std::fs::write(saved.join("config.json"), config.to_string()).unwrap();
+    let saved_run = tmp.path().join("saved-run");
+    ok(&strings(&[
+        "import",
+        "--from",
+        "hf",
+        saved.to_str().unwrap(),
+        "--run-dir",
+        saved_run.to_str().unwrap(),
+    ]));
+    assert_eq!(
+        eval(saved_run.to_str().unwrap(), &tmp.path().join("saved.jsonl")).1,
+        lines
+    );
     // Exporting over an earlier export replaces it.
     ok(&strings(&[
         "export",
@@ -338,7 +364,7 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
         Box::new(move |folder: &Path| edit_weights(folder, edit))
     };
     let vocab_message = format!("the tokenizer has {vocab} tokens but the model's vocabulary");
-    let cases: [(&str, Edit, &str); 6] = [
+    let cases: [(&str, Edit, &str); 7] = [
         (
             "llama",
             set("model_type", "llama".into()),
@@ -348,6 +374,11 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
             "vocab",
             set("vocab_size", (vocab + 1).into()),
             &vocab_message,
+        ),
+        (
+            "format",
+            set("relation_format", 2.into()),
+            "relation_format 2: this build reads layout 1",
         ),
         (
             "missing",
