@@ -407,15 +407,7 @@ impl SequenceTiles {
             })
             .collect();
         let tiles = table.len() / 3;
-        let bytes: Vec<u8> = table.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let handle = like.client.create_from_slice(&bytes);
-        let table = CubeTensor::new_contiguous(
-            like.client.clone(),
-            like.device.clone(),
-            Shape::new([table.len()]),
-            handle,
-            DType::U32,
-        );
+        let table = u32_tensor(like, &table);
         let x = tiles.clamp(1, MAX_CUBES_PER_DIM);
         let y = tiles.div_ceil(x).max(1);
         Self {
@@ -518,6 +510,19 @@ pub(crate) fn store_lanes<F: Float>(
             }
         }
     }
+}
+
+/// `values` as a `u32` tensor `[len]` on `like`'s device: the small tables (sequence tiles,
+/// sizes) that carry integers to the kernels.
+pub(crate) fn u32_tensor(like: &CubeTensor, values: &[u32]) -> CubeTensor {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    CubeTensor::new_contiguous(
+        like.client.clone(),
+        like.device.clone(),
+        Shape::new([values.len()]),
+        like.client.create_from_slice(&bytes),
+        DType::U32,
+    )
 }
 
 /// A contiguous tensor on `like`'s device with the given dtype, uninitialised (or NaN-poisoned).

@@ -18,7 +18,7 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::DecodeParams;
-use crate::cube::{empty_like, empty_like_dtype, sigmoid};
+use crate::cube::{empty_like, empty_like_dtype, sigmoid, u32_tensor};
 
 /// Units per cube of the block kernel.
 const UNITS: usize = 32;
@@ -181,17 +181,9 @@ pub(super) fn decode(
     let client = p1.client.clone();
     let dtype = dtype_to_storage_type(p1.dtype);
 
-    let sizes: Vec<u8> = [params.len, c, block, partials]
-        .iter()
-        .flat_map(|&v| u32::try_from(v).expect("cache rows fit u32").to_le_bytes())
-        .collect();
-    let sizes = CubeTensor::new_contiguous(
-        client.clone(),
-        p1.device.clone(),
-        Shape::new([4]),
-        client.create_from_slice(&sizes),
-        DType::U32,
-    );
+    let sizes = [params.len, c, block, partials]
+        .map(|v| u32::try_from(v).expect("cache rows fit u32 (no device buffer holds 2^32 rows)"));
+    let sizes = u32_tensor(&p1, &sizes);
     let part = empty_like_dtype(
         &p1,
         Shape::new([(b * h * partials * (d + 2)).max(1)]),

@@ -97,7 +97,7 @@ impl HfConfig {
         torch_dtype: &str,
         eot: Option<u32>,
     ) -> Result<Self, HfError> {
-        check_mixers(model)?;
+        check_mixers(model, Path::new("model.json"))?;
         let auto_map = BTreeMap::from([
             (
                 "AutoConfig".to_string(),
@@ -218,15 +218,16 @@ impl HfConfig {
         if self.max_position_embeddings == 0 {
             return Err(bad("max_position_embeddings is 0".into()));
         }
-        check_mixers(&config)?;
+        check_mixers(&config, path)?;
         Ok(config)
     }
 }
 
-/// [`HfError::Mixer`] for the first layer that is not F, L or A.
-fn check_mixers(model: &RelationLmConfig) -> Result<(), HfError> {
+/// [`HfError::Mixer`] for the first layer that is not F, L or A; `path` is the file the
+/// configuration came from, named if its pattern cannot be read.
+fn check_mixers(model: &RelationLmConfig, path: &Path) -> Result<(), HfError> {
     let mixers = model.mixers().map_err(|e| HfError::Config {
-        path: "model.json".into(),
+        path: path.into(),
         reason: e.to_string(),
     })?;
     for (layer, kind) in mixers.into_iter().enumerate() {

@@ -56,8 +56,12 @@ pub(crate) struct Folder {
     pub dtype: String,
 }
 
-/// One tensor of the folder as f32.
-fn read_tensor(file: &SafeTensors<'_>, path: &Path, name: &str) -> Result<(Vec<usize>, Vec<f32>)> {
+/// One tensor of the folder: its shape, its values as f32 and its element type in the file.
+fn read_tensor(
+    file: &SafeTensors<'_>,
+    path: &Path,
+    name: &str,
+) -> Result<(Vec<usize>, Vec<f32>, Dtype)> {
     let view = file.tensor(name).map_err(|e| HfError::Safetensors {
         path: path.into(),
         reason: e.to_string(),
@@ -92,7 +96,7 @@ fn read_tensor(file: &SafeTensors<'_>, path: &Path, name: &str) -> Result<(Vec<u
         }
         .into());
     }
-    Ok((view.shape().to_vec(), values))
+    Ok((view.shape().to_vec(), values, view.dtype()))
 }
 
 /// Reads the Hugging Face folder `dir` into a model on `device`: its configuration, and every
@@ -134,8 +138,8 @@ pub(crate) fn read_folder(dir: &Path, device: &Device) -> Result<Folder> {
     // transformers drops one of two tied tensors when it saves; accept either name for the
     // embedding, and both only when they are equal.
     if unread.contains(EMBEDDING) && unread.contains(LM_HEAD) {
-        let (_, embedding) = read_tensor(&file, &weights_path, EMBEDDING)?;
-        let (_, head) = read_tensor(&file, &weights_path, LM_HEAD)?;
+        let (_, embedding, _) = read_tensor(&file, &weights_path, EMBEDDING)?;
+        let (_, head, _) = read_tensor(&file, &weights_path, LM_HEAD)?;
         if embedding != head {
             return Err(HfError::Config {
                 path: weights_path,
@@ -164,7 +168,7 @@ pub(crate) fn read_folder(dir: &Path, device: &Device) -> Result<Folder> {
             }
             .into());
         }
-        let (shape, values) = read_tensor(&file, &weights_path, &stored)?;
+        let (shape, values, dtype) = read_tensor(&file, &weights_path, &stored)?;
         if shape != expected {
             return Err(HfError::Shape {
                 path: weights_path,
@@ -174,9 +178,7 @@ pub(crate) fn read_folder(dir: &Path, device: &Device) -> Result<Folder> {
             }
             .into());
         }
-        if let Ok(view) = file.tensor(&stored) {
-            dtypes.insert(view.dtype().to_string());
-        }
+        dtypes.insert(dtype.to_string());
         match slot {
             Slot::Linear(linear) => {
                 // The model's [in, out] from the folder's [out, in].

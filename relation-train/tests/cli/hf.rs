@@ -14,6 +14,18 @@ fn strings(args: &[&str]) -> Vec<String> {
     args.iter().map(|s| s.to_string()).collect()
 }
 
+/// `relation export --format hf` of the run `run` into `out`, then `extra` flags.
+fn export_args(run: &str, out: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = strings(&["export", "--run-dir", run, "--format", "hf", "--out", out]);
+    args.extend(strings(extra));
+    args
+}
+
+/// `relation import --from hf` of `folder` into the new run directory `run`.
+fn import_args(folder: &str, run: &str) -> Vec<String> {
+    strings(&["import", "--from", "hf", folder, "--run-dir", run])
+}
+
 fn json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
@@ -104,15 +116,7 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
     // The folder: files, config, names, shapes ([out, in] for linear weights), no lm_head.
     let hf = tmp.path().join("hf");
     let h = hf.to_str().unwrap();
-    let out = ok(&strings(&[
-        "export",
-        "--run-dir",
-        r,
-        "--format",
-        "hf",
-        "--out",
-        h,
-    ]));
+    let out = ok(&export_args(r, h, &[]));
     assert!(out.contains("from_pretrained"), "{out}");
     for file in [
         "config.json",
@@ -216,22 +220,14 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
     // the first export byte for byte (the weights came back exactly).
     let back = tmp.path().join("back");
     let b = back.to_str().unwrap();
-    let out = ok(&strings(&["import", "--from", "hf", h, "--run-dir", b]));
+    let out = ok(&import_args(h, b));
     assert!(
         out.contains("3 layers `LFA`") && out.contains("F32"),
         "{out}"
     );
     assert_eq!(eval(b, &tmp.path().join("back.jsonl")).1, lines);
     let hf2 = tmp.path().join("hf2");
-    ok(&strings(&[
-        "export",
-        "--run-dir",
-        b,
-        "--format",
-        "hf",
-        "--out",
-        hf2.to_str().unwrap(),
-    ]));
+    ok(&export_args(b, hf2.to_str().unwrap(), &[]));
     assert_eq!(
         std::fs::read(hf.join("model.safetensors")).unwrap(),
         std::fs::read(hf2.join("model.safetensors")).unwrap()
@@ -254,43 +250,21 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
     config["transformers_version"] = "5.25.0".into();
     std::fs::write(saved.join("config.json"), config.to_string()).unwrap();
     let saved_run = tmp.path().join("saved-run");
-    ok(&strings(&[
-        "import",
-        "--from",
-        "hf",
+    ok(&import_args(
         saved.to_str().unwrap(),
-        "--run-dir",
         saved_run.to_str().unwrap(),
-    ]));
+    ));
     assert_eq!(
         eval(saved_run.to_str().unwrap(), &tmp.path().join("saved.jsonl")).1,
         lines
     );
     // Exporting over an earlier export replaces it.
-    ok(&strings(&[
-        "export",
-        "--run-dir",
-        b,
-        "--format",
-        "hf",
-        "--out",
-        h,
-    ]));
+    ok(&export_args(b, h, &[]));
 
     // bf16: half the bytes, and a round trip of the rounded weights is exact.
     let half = tmp.path().join("bf16");
     let hb = half.to_str().unwrap();
-    ok(&strings(&[
-        "export",
-        "--run-dir",
-        r,
-        "--format",
-        "hf",
-        "--out",
-        hb,
-        "--dtype",
-        "bf16",
-    ]));
+    ok(&export_args(r, hb, &["--dtype", "bf16"]));
     assert_eq!(json(&half.join("config.json"))["torch_dtype"], "bfloat16");
     assert!(shapes(&half).values().all(|(_, dtype)| dtype == "BF16"));
     let size = |p: &Path| {
@@ -305,49 +279,23 @@ fn hf_folders_round_trip_and_refuse_what_they_cannot_hold() {
         size(&hf)
     );
     let back16 = tmp.path().join("back16");
-    ok(&strings(&[
-        "import",
-        "--from",
-        "hf",
-        hb,
-        "--run-dir",
-        back16.to_str().unwrap(),
-    ]));
+    ok(&import_args(hb, back16.to_str().unwrap()));
     let again = tmp.path().join("bf16-again");
-    ok(&strings(&[
-        "export",
-        "--run-dir",
+    ok(&export_args(
         back16.to_str().unwrap(),
-        "--format",
-        "hf",
-        "--out",
         again.to_str().unwrap(),
-        "--dtype",
-        "bf16",
-    ]));
+        &["--dtype", "bf16"],
+    ));
     assert_eq!(
         std::fs::read(half.join("model.safetensors")).unwrap(),
         std::fs::read(again.join("model.safetensors")).unwrap()
     );
 
     // Refusals, each naming its problem.
-    let import = |folder: &Path, to: &str| {
-        strings(&[
-            "import",
-            "--from",
-            "hf",
-            folder.to_str().unwrap(),
-            "--run-dir",
-            to,
-        ])
-    };
+    let import = |folder: &Path, to: &str| import_args(folder.to_str().unwrap(), to);
     let fresh = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
     fails_with(&import(&hf, b), &[], "not an empty directory");
-    fails_with(
-        &strings(&["export", "--run-dir", r, "--format", "hf", "--out", r]),
-        &[],
-        "not an earlier export",
-    );
+    fails_with(&export_args(r, r, &[]), &[], "not an earlier export");
     fails_with(
         &strings(&["export", "--run-dir", r, "--dtype", "f16"]),
         &[],
