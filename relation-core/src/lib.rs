@@ -40,7 +40,7 @@ pub use relation::{
     naive_exchange_only_rows, naive_factorized_relation, naive_parallel_relation,
     naive_relation_rows, naive_relation_weights, naive_self_relation,
 };
-pub use rope::{ROPE_BASE, RopePositions, naive_rope};
+pub use rope::{ROPE_BASE, RopePositions, naive_rope, naive_rope_rows};
 pub use segments::Segments;
 
 /// `tau_S` of the paper: the Self evidence is divided by 2 (fixed, not learned).

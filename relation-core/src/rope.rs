@@ -50,16 +50,50 @@ pub enum RopePositions {
     From(usize),
     /// A packed row: each segment's rows at positions `0..len` of their own.
     Packed(Segments),
+    /// Batch row `b`'s tokens at positions `starts[b]..`: sequences of different lengths
+    /// decoded in one batch, each at its own position (one entry per batch row).
+    Rows(Vec<usize>),
 }
 
 impl RopePositions {
-    /// The position of each of `t` rows.
-    pub fn rows(&self, t: usize) -> Vec<usize> {
+    /// The position of each token of a `[B, T]` input, batch row by batch row (`B·T` values).
+    pub fn rows(&self, b: usize, t: usize) -> Vec<usize> {
         match self {
-            Self::From(offset) => (*offset..offset + t).collect(),
-            Self::Packed(segments) => segments.local_positions(),
+            Self::From(offset) => (0..b).flat_map(|_| *offset..offset + t).collect(),
+            Self::Packed(segments) => (0..b).flat_map(|_| segments.local_positions()).collect(),
+            Self::Rows(starts) => starts.iter().flat_map(|&s| s..s + t).collect(),
         }
     }
+}
+
+/// [`naive_rope`] with batch row `b`'s first token at position `starts[b]`
+/// ([`RopePositions::Rows`]).
+///
+/// # Shapes
+/// - `x`: `[B, T, H, D]`, `starts`: `B` values, output: same as `x`
+///
+/// # Errors
+/// As [`naive_rope`]; `starts` not one per batch row.
+pub fn naive_rope_rows(x: Tensor<4>, starts: &[usize], base: f64) -> Result<Tensor<4>> {
+    check_rope(&x, base)?;
+    let [b, t, _, d] = x.dims();
+    if starts.len() != b {
+        return Err(RelationError::ShapeMismatch {
+            name: "starts",
+            expected: format!("one start per batch row, [B] = [{b}]"),
+            got: vec![starts.len()],
+        });
+    }
+    let half = d / 2;
+    let (cos, sin) = rope_angles_at(starts.iter().flat_map(|&s| s..s + t), d, base);
+    let options = (&x.device(), x.dtype());
+    let cos = Tensor::<4>::from_data(TensorData::new(cos, [b, t, 1, half]), options);
+    let sin = Tensor::<4>::from_data(TensorData::new(sin, [b, t, 1, half]), options);
+    let low = x.clone().narrow(3, 0, half); // [B, T, H, D/2]
+    let high = x.narrow(3, half, half); // [B, T, H, D/2]
+    let rotated_low = low.clone() * cos.clone() - high.clone() * sin.clone();
+    let rotated_high = high * cos + low * sin;
+    Ok(Tensor::cat(vec![rotated_low, rotated_high], 3))
 }
 
 /// `(cos φ, sin φ)` of RoPE for positions `offset..offset + t` and head dimension `d`, in f64,
@@ -71,12 +105,12 @@ pub fn rope_angles(offset: usize, t: usize, d: usize, base: f64) -> (Vec<f64>, V
 
 /// [`rope_angles`] for any positions, one table row per position.
 pub fn rope_angles_at(
-    positions: impl ExactSizeIterator<Item = usize>,
+    positions: impl Iterator<Item = usize>,
     d: usize,
     base: f64,
 ) -> (Vec<f64>, Vec<f64>) {
     let half = d / 2;
-    let t = positions.len();
+    let t = positions.size_hint().0;
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
     for pos in positions {

@@ -2,8 +2,8 @@
 //! `flash_exchange_only_decode`): the fused split-K step on every device with kernels against the
 //! reference rows over the filled part of the cache, with NaN in the cache's spare rows (a step
 //! must never read them) and the outputs poisoned; awkward head dimensions and lengths from 1
-//! (no history) to several blocks; f32, f16 and bf16; the last row of the full forward; bad
-//! inputs.
+//! (no history) to several blocks; sequences of different lengths in one batch; f32, f16 and
+//! bf16; the last row of the full forward; bad inputs.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
@@ -46,10 +46,8 @@ fn check_decode(device: &Device, dtype: DType) {
     ] {
         let [q, p2, info] = cache(b, len, spare, h, d, len as u64);
         let what = format!("{device:?} B {b} len {len} spare {spare} H {h} D {d} {dtype:?}");
-        let rows = |device: &Device| CachedRows {
-            p2: on(&p2, device, dtype),
-            info: on(&info, device, dtype),
-            len,
+        let rows = |device: &Device| {
+            CachedRows::uniform(on(&p2, device, dtype), on(&info, device, dtype), len)
         };
         let fused = assert_path(&what, "fused", || {
             flash_relation_decode(
@@ -87,6 +85,101 @@ fn check_decode(device: &Device, dtype: DType) {
             tol,
         );
     }
+    check_ragged(device, dtype);
+}
+
+/// Sequences of different lengths in one batch (batched decoding of different prompts): each
+/// row of the step equals the reference over that sequence's own filled rows alone, with NaN in
+/// every row past a sequence's length.
+fn check_ragged(device: &Device, dtype: DType) {
+    let flex = Device::flex();
+    let (c, h, d) = (1030, 2, 48);
+    let lens = [700usize, 1, 63, 1024];
+    let b = lens.len();
+    let lambda = |device: &Device| Tensor::<1>::from_data([0.7f32], device);
+    let buffer = |seed: u64, scale| {
+        let rows = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| {
+                let filled = uniform(
+                    [1, len, h, d],
+                    seed + 7 * i as u64,
+                    scale,
+                    &flex,
+                    DType::F32,
+                );
+                let nan = Tensor::<4>::full([1, c - len, h, d], f32::NAN, &flex);
+                Tensor::cat(vec![filled, nan], 1)
+            })
+            .collect();
+        Tensor::cat(rows, 0).into_data()
+    };
+    let (p2, info) = (buffer(1, 2.0), buffer(2, 1.0));
+    let q = uniform([b, 1, h, d], 3, 2.0, &flex, DType::F32).into_data();
+    let what = format!("{device:?} ragged lens {lens:?} {dtype:?}");
+    let rows = |device: &Device| CachedRows {
+        p2: on(&p2, device, dtype),
+        info: on(&info, device, dtype),
+        lens: lens.to_vec(),
+    };
+    let fused = assert_path(&what, "fused", || {
+        flash_relation_decode(
+            on(&q, device, dtype),
+            rows(device),
+            lambda(device),
+            DEFAULT_TAU,
+            Strategy::Fused,
+        )
+        .unwrap()
+    });
+    let exchange = assert_path(&what, "fused", || {
+        flash_exchange_only_decode(on(&q, device, dtype), rows(device), Strategy::Fused).unwrap()
+    });
+    // Each sequence alone through the reference, then stacked.
+    let rounded = |data: &TensorData| on(data, &flex, dtype).cast(DType::F32);
+    let alone = |i: usize, exchange_only: bool| {
+        let own = |t: Tensor<4>| t.narrow(0, i, 1).narrow(1, 0, lens[i]);
+        let (p1, p2, info) = (
+            rounded(&q).narrow(0, i, 1),
+            own(rounded(&p2)),
+            own(rounded(&info)),
+        );
+        if exchange_only {
+            naive_exchange_only_rows(p1, p2, info).unwrap()
+        } else {
+            naive_relation_rows(p1, p2, info, lambda(&flex), DEFAULT_TAU).unwrap()
+        }
+    };
+    let expected = Tensor::cat((0..b).map(|i| alone(i, false)).collect(), 0);
+    let expected_exchange = Tensor::cat((0..b).map(|i| alone(i, true)).collect(), 0);
+    let tol = tolerance(dtype, Check::Forward);
+    assert_close(&what, &to_flex(fused), &expected, tol);
+    assert_close(
+        &format!("{what} exchange-only"),
+        &to_flex(exchange),
+        &expected_exchange,
+        tol,
+    );
+    // The reference path of the entry point (the fallback off Flex and CubeCL) agrees too.
+    let reference = flash_relation_decode(
+        rounded(&q),
+        CachedRows {
+            p2: rounded(&p2),
+            info: rounded(&info),
+            lens: lens.to_vec(),
+        },
+        lambda(&flex),
+        DEFAULT_TAU,
+        Strategy::Reference,
+    )
+    .unwrap();
+    assert_close(
+        &format!("{what} reference path"),
+        &reference,
+        &expected,
+        tol,
+    );
 }
 
 device_tests! {
@@ -129,7 +222,7 @@ fn decode_step_is_the_last_row_of_the_full_forward() {
         .unwrap();
         let step = flash_relation_decode(
             p1.narrow(1, t - 1, 1),
-            CachedRows { p2, info, len: t },
+            CachedRows::uniform(p2, info, t),
             lambda,
             DEFAULT_TAU,
             Strategy::Auto,
@@ -148,10 +241,12 @@ fn decode_step_is_the_last_row_of_the_full_forward() {
 fn decode_step_refuses_inputs_that_do_not_fit() {
     let flex = Device::flex();
     let [q, p2, info] = cache(1, 8, 2, 2, 16, 5);
-    let rows = |len| CachedRows {
-        p2: on(&p2, &flex, DType::F32),
-        info: on(&info, &flex, DType::F32),
-        len,
+    let rows = |len| {
+        CachedRows::uniform(
+            on(&p2, &flex, DType::F32),
+            on(&info, &flex, DType::F32),
+            len,
+        )
     };
     let lambda = Tensor::<1>::from_data([0.5f32], &flex);
     let step = |q: Tensor<4>, len| {
@@ -159,8 +254,22 @@ fn decode_step_refuses_inputs_that_do_not_fit() {
     };
     let message = |r: Result<Tensor<4>, KernelError>| r.unwrap_err().to_string();
     let q1 = on(&q, &flex, DType::F32);
-    assert!(message(step(q1.clone(), 0)).contains("len 0: the cache holds 10 rows"));
-    assert!(message(step(q1.clone(), 11)).contains("len 11: the cache holds 10 rows"));
+    assert!(message(step(q1.clone(), 0)).contains("len 0 of sequence 0: the cache holds 10 rows"));
+    assert!(
+        message(step(q1.clone(), 11)).contains("len 11 of sequence 0: the cache holds 10 rows")
+    );
+    let too_many = CachedRows {
+        lens: vec![8, 8],
+        ..rows(8)
+    };
+    let r = flash_relation_decode(
+        q1.clone(),
+        too_many,
+        lambda.clone(),
+        DEFAULT_TAU,
+        Strategy::Auto,
+    );
+    assert!(message(r).contains("2 lengths for a batch of 1 sequences"));
     let two_rows = Tensor::cat(vec![q1.clone(), q1], 1);
     assert!(message(step(two_rows, 8)).contains("one new row per sequence"));
 }

@@ -274,6 +274,31 @@ fn rope_forward_is_the_reference_bit_for_bit_and_its_inverse_undoes_it() {
     let fused = rope(x.clone(), &RopePositions::From(9), 1e4, Strategy::Fused).unwrap();
     let reference = naive_rope(x.clone(), 9, 1e4).unwrap();
     assert_eq!(fused.to_data(), reference.to_data());
+    // Each batch row at its own start (a batch of sequences of different lengths): the fused
+    // pass equals the per-row reference bit for bit, and each row equals that row alone.
+    let starts = vec![5usize, 0];
+    let rows = RopePositions::Rows(starts.clone());
+    let fused_rows = rope(x.clone(), &rows, 1e4, Strategy::Fused).unwrap();
+    let reference_rows = relation_core::naive_rope_rows(x.clone(), &starts, 1e4).unwrap();
+    assert_eq!(fused_rows.to_data(), reference_rows.to_data());
+    for (b, &start) in starts.iter().enumerate() {
+        let alone = naive_rope(x.clone().narrow(0, b, 1), start, 1e4).unwrap();
+        assert_eq!(
+            fused_rows.clone().narrow(0, b, 1).to_data(),
+            alone.to_data()
+        );
+    }
+    let wrong = rope(
+        x.clone(),
+        &RopePositions::Rows(vec![1]),
+        1e4,
+        Strategy::Auto,
+    )
+    .unwrap_err();
+    assert!(
+        wrong.to_string().contains("one start per batch row"),
+        "{wrong}"
+    );
     // The backward's rotation by -φ applied to the output gives the input back.
     let dx = rope_grad_of(fused.clone(), 9);
     assert_close(

@@ -14,8 +14,15 @@
 //! wherever the backend can write a tensor it holds alone), and a full buffer grows by an eighth. Appending
 //! a token therefore costs its own rows, not a copy of everything cached, and a decoding step
 //! reads the cache once (`relation_kernels::flash_relation_decode`).
+//!
+//! Every cache counts the tokens of each sequence of its batch apart (`lens`, one per batch row):
+//! sequences of different lengths decode together (a [`crate::DecodeBatch`]), each at its own
+//! position, its new token written at its own row, its keys masked at its own length. Such a
+//! *ragged* cache takes one token per sequence at a time; [`LmCache::join`] and
+//! [`LmCache::select`] add and remove sequences between steps.
 
-use burn::tensor::Tensor;
+use burn::tensor::{Int, Tensor, TensorData};
+use relation_core::RopePositions;
 
 use crate::error::{ModelError, Result};
 
@@ -25,31 +32,33 @@ pub enum LayerCache {
     /// Nothing cached yet.
     #[default]
     Empty,
-    /// Full Relation: rotated `P2` and Givens-mixed `Ĩ` of past tokens, rows `0..len` of
-    /// `[B, C, H, D]` buffers.
+    /// Full Relation: rotated `P2` and Givens-mixed `Ĩ` of past tokens, rows `0..lens[b]` of
+    /// sequence `b` of `[B, C, H, D]` buffers.
     Full {
         /// `rope(P2)`.
         p2: Tensor<4>,
         /// `Ĩ`.
         info: Tensor<4>,
-        /// Tokens cached (filled rows).
-        len: usize,
+        /// Tokens cached per sequence (filled rows), `B` values.
+        lens: Vec<usize>,
     },
-    /// A recurrent state `[B, H, D, D]` after `len` tokens (Linear Relation, retention, KDA).
+    /// A recurrent state `[B, H, D, D]` after `lens[b]` tokens of sequence `b` (Linear Relation,
+    /// retention, KDA).
     Linear {
         /// `C`.
         state: Tensor<4>,
-        /// Tokens consumed.
-        len: usize,
+        /// Tokens consumed per sequence, `B` values.
+        lens: Vec<usize>,
     },
-    /// Attention: keys (after RoPE) and values, rows `0..len` of `[B, C, H, D]` buffers.
+    /// Attention: keys (after RoPE) and values, rows `0..lens[b]` of sequence `b` of
+    /// `[B, C, H, D]` buffers.
     Attention {
         /// `rope(K)`.
         k: Tensor<4>,
         /// `V`.
         v: Tensor<4>,
-        /// Tokens cached (filled rows).
-        len: usize,
+        /// Tokens cached per sequence (filled rows), `B` values.
+        lens: Vec<usize>,
     },
 }
 
@@ -64,14 +73,20 @@ impl LayerCache {
         }
     }
 
-    /// Tokens this cache has seen.
-    pub fn len(&self) -> usize {
+    /// Tokens each sequence has cached (`B` values; none for an empty cache).
+    pub fn lens(&self) -> &[usize] {
         match self {
-            Self::Empty => 0,
-            Self::Full { len, .. } => *len,
-            Self::Linear { len, .. } => *len,
-            Self::Attention { len, .. } => *len,
+            Self::Empty => &[],
+            Self::Full { lens, .. } | Self::Linear { lens, .. } | Self::Attention { lens, .. } => {
+                lens
+            }
         }
+    }
+
+    /// Tokens the longest sequence has cached (every sequence's, unless the cache is
+    /// [ragged](Self::is_ragged)).
+    pub fn len(&self) -> usize {
+        self.lens().iter().copied().max().unwrap_or(0)
     }
 
     /// Whether nothing is cached.
@@ -79,17 +94,153 @@ impl LayerCache {
         self.len() == 0
     }
 
+    /// Whether the sequences of the batch have cached different numbers of tokens.
+    pub fn is_ragged(&self) -> bool {
+        self.lens().windows(2).any(|w| w[0] != w[1])
+    }
+
+    /// Where the next tokens of each sequence sit: after its cached ones.
+    pub fn positions(&self) -> RopePositions {
+        if self.is_ragged() {
+            RopePositions::Rows(self.lens().to_vec())
+        } else {
+            RopePositions::From(self.len())
+        }
+    }
+
+    /// Each sequence's token count after `n` more tokens, for a batch of `batch` (an empty
+    /// cache starts every sequence at 0).
+    pub(crate) fn lens_after(&self, batch: usize, n: usize) -> Vec<usize> {
+        match self {
+            Self::Empty => vec![n; batch],
+            _ => self.lens().iter().map(|&len| len + n).collect(),
+        }
+    }
+
     /// Bytes of what is cached (element count times element size; the filled rows of the
     /// per-token buffers, not their spare room).
     pub fn bytes(&self) -> usize {
         let size = |t: &Tensor<4>| t.shape().num_elements() * t.dtype().size();
-        let filled = |t: &Tensor<4>, len: usize| size(t) / t.dims()[1].max(1) * len;
+        let filled = |t: &Tensor<4>, lens: &[usize]| {
+            let [b, c, _, _] = t.dims();
+            size(t) / (b * c).max(1) * lens.iter().sum::<usize>()
+        };
         match self {
             Self::Empty => 0,
-            Self::Full { p2, info, len } => filled(p2, *len) + filled(info, *len),
+            Self::Full { p2, info, lens } => filled(p2, lens) + filled(info, lens),
             Self::Linear { state, .. } => size(state),
-            Self::Attention { k, v, len } => filled(k, *len) + filled(v, *len),
+            Self::Attention { k, v, lens } => filled(k, lens) + filled(v, lens),
         }
+    }
+
+    /// The batch rows `rows` of this cache, in that order (sequences leaving a batch, or a
+    /// batch reordered); an empty cache stays empty.
+    ///
+    /// # Errors
+    /// [`ModelError::Batch`] for a row outside the batch.
+    pub fn select(&self, rows: &[usize]) -> Result<Self> {
+        let batch = self.lens().len();
+        if let Some(&row) = rows.iter().find(|&&r| r >= batch) {
+            return Err(ModelError::Batch(format!(
+                "row {row} selected from a cache of {batch} sequences"
+            )));
+        }
+        let Some(first) = self.tensors().first().map(|t| t.device()) else {
+            return Ok(Self::Empty);
+        };
+        let index = Tensor::<1, Int>::from_data(
+            TensorData::new(rows.iter().map(|&r| r as i64).collect(), [rows.len()]),
+            &first,
+        );
+        let pick = |t: &Tensor<4>| t.clone().select(0, index.clone());
+        let lens = rows.iter().map(|&r| self.lens()[r]).collect();
+        Ok(match self {
+            Self::Empty => Self::Empty,
+            Self::Full { p2, info, .. } => Self::Full {
+                p2: pick(p2),
+                info: pick(info),
+                lens,
+            },
+            Self::Linear { state, .. } => Self::Linear {
+                state: pick(state),
+                lens,
+            },
+            Self::Attention { k, v, .. } => Self::Attention {
+                k: pick(k),
+                v: pick(v),
+                lens,
+            },
+        })
+    }
+
+    /// The tensors the cache holds.
+    fn tensors(&self) -> Vec<&Tensor<4>> {
+        match self {
+            Self::Empty => vec![],
+            Self::Full { p2, info, .. } => vec![p2, info],
+            Self::Linear { state, .. } => vec![state],
+            Self::Attention { k, v, .. } => vec![k, v],
+        }
+    }
+
+    /// The sequences of `parts` as one batch, in order: per-token buffers padded to the
+    /// largest capacity, states stacked.
+    ///
+    /// # Errors
+    /// [`ModelError::Batch`] for an empty cache among them, or caches of different kinds.
+    pub fn join(parts: Vec<Self>) -> Result<Self> {
+        let Some(kind) = parts.first().map(Self::kind) else {
+            return Ok(Self::Empty);
+        };
+        if let Some(other) = parts.iter().find(|p| p.kind() != kind || p.is_empty()) {
+            return Err(ModelError::Batch(format!(
+                "cannot batch a {} cache with a {kind} cache (every sequence must have started)",
+                other.kind()
+            )));
+        }
+        let lens: Vec<usize> = parts.iter().flat_map(|p| p.lens().to_vec()).collect();
+        let capacity = parts
+            .iter()
+            .flat_map(|p| p.tensors().into_iter().map(|t| t.dims()[1]))
+            .max()
+            .unwrap_or(0);
+        // Per-token buffers padded with zero rows to the common capacity.
+        let padded = |t: &Tensor<4>| {
+            let [b, c, h, d] = t.dims();
+            if c == capacity {
+                return t.clone();
+            }
+            let zeros = Tensor::zeros([b, capacity - c, h, d], (&t.device(), t.dtype()));
+            Tensor::cat(vec![t.clone(), zeros], 1)
+        };
+        let stack = |which: usize, pad: bool| {
+            Tensor::cat(
+                parts
+                    .iter()
+                    .map(|p| {
+                        let t = p.tensors()[which];
+                        if pad { padded(t) } else { t.clone() }
+                    })
+                    .collect(),
+                0,
+            )
+        };
+        Ok(match kind {
+            "full" => Self::Full {
+                p2: stack(0, true),
+                info: stack(1, true),
+                lens,
+            },
+            "attention" => Self::Attention {
+                k: stack(0, true),
+                v: stack(1, true),
+                lens,
+            },
+            _ => Self::Linear {
+                state: stack(0, false),
+                lens,
+            },
+        })
     }
 
     /// Takes the cache's contents if it is of the `expected` kind, leaving it empty; `None` for
@@ -130,17 +281,17 @@ impl LayerCache {
             "full",
             (p2, info),
             |cache| match cache {
-                Self::Full { p2, info, len } => Some(CachedPair {
+                Self::Full { p2, info, lens } => Some(CachedPair {
                     a: p2,
                     b: info,
-                    len,
+                    lens,
                 }),
                 _ => None,
             },
             |rows| Self::Full {
                 p2: rows.a,
                 info: rows.b,
-                len: rows.len,
+                lens: rows.lens,
             },
         )
     }
@@ -155,13 +306,13 @@ impl LayerCache {
             "attention",
             (k, v),
             |cache| match cache {
-                Self::Attention { k, v, len } => Some(CachedPair { a: k, b: v, len }),
+                Self::Attention { k, v, lens } => Some(CachedPair { a: k, b: v, lens }),
                 _ => None,
             },
             |rows| Self::Attention {
                 k: rows.a,
                 v: rows.b,
-                len: rows.len,
+                lens: rows.lens,
             },
         )
     }
@@ -177,7 +328,7 @@ impl LayerCache {
     ) -> Result<CachedPair> {
         let rows = match self.take_as(expected, contents)? {
             None => CachedPair {
-                len: a.dims()[1],
+                lens: vec![a.dims()[1]; a.dims()[0]],
                 a,
                 b,
             },
@@ -188,24 +339,26 @@ impl LayerCache {
     }
 }
 
-/// Two per-token buffers cached side by side (`P2` and `Ĩ`, or `K` and `V`): rows `0..len` of
-/// `[B, C, H, D]` each, `C >= len`.
+/// Two per-token buffers cached side by side (`P2` and `Ĩ`, or `K` and `V`): rows `0..lens[b]`
+/// of sequence `b` of `[B, C, H, D]` each, `C >= lens[b]`.
 #[derive(Debug, Clone)]
 pub(crate) struct CachedPair {
     /// `P2` or `K`.
     pub a: Tensor<4>,
     /// `Ĩ` or `V`.
     pub b: Tensor<4>,
-    /// Filled rows.
-    pub len: usize,
+    /// Filled rows per sequence.
+    pub lens: Vec<usize>,
 }
 
 impl CachedPair {
-    /// The filled rows, `[B, len, H, D]` each (views of the buffers).
+    /// The rows up to the longest sequence's length, `[B, max len, H, D]` each (views of the
+    /// buffers; a shorter sequence's rows past its length are not its own: mask them).
     pub(crate) fn filled(&self) -> (Tensor<4>, Tensor<4>) {
+        let len = self.lens.iter().copied().max().unwrap_or(0);
         (
-            self.a.clone().narrow(1, 0, self.len),
-            self.b.clone().narrow(1, 0, self.len),
+            self.a.clone().narrow(1, 0, len),
+            self.b.clone().narrow(1, 0, len),
         )
     }
 
@@ -214,10 +367,14 @@ impl CachedPair {
     /// bounded number of row copies on average, and the spare room stays small at long
     /// contexts). The write is in place when the buffers are held by this value alone (the cache
     /// hands them over for the append), so a token costs its own rows.
+    ///
+    /// Sequences of different lengths (a ragged batch) each get their token at their own row,
+    /// one write per sequence; the caller passes one token per sequence then.
     fn push(self, a_new: Tensor<4>, b_new: Tensor<4>) -> Self {
         let [batch, n, heads, d] = a_new.dims();
         let capacity = self.a.dims()[1];
-        let len = self.len + n;
+        let longest = self.lens.iter().copied().max().unwrap_or(0);
+        let len = longest + n;
         let grow = |t: Tensor<4>| {
             if len <= capacity {
                 return t;
@@ -226,12 +383,22 @@ impl CachedPair {
             let zeros = Tensor::zeros([batch, spare, heads, d], (&t.device(), t.dtype()));
             Tensor::cat(vec![t, zeros], 1) // [B, C', H, D]
         };
-        let rows = [0..batch, self.len..len, 0..heads, 0..d];
-        Self {
-            a: grow(self.a).slice_assign(rows.clone(), a_new),
-            b: grow(self.b).slice_assign(rows, b_new),
-            len,
+        let lens = self.lens.iter().map(|&l| l + n).collect();
+        if !self.lens.iter().any(|&l| l != longest) {
+            let rows = [0..batch, longest..len, 0..heads, 0..d];
+            return Self {
+                a: grow(self.a).slice_assign(rows.clone(), a_new),
+                b: grow(self.b).slice_assign(rows, b_new),
+                lens,
+            };
         }
+        let (mut a, mut b) = (grow(self.a), grow(self.b));
+        for (row, &at) in self.lens.iter().enumerate() {
+            let rows = [row..row + 1, at..at + n, 0..heads, 0..d];
+            a = a.slice_assign(rows.clone(), a_new.clone().narrow(0, row, 1));
+            b = b.slice_assign(rows, b_new.clone().narrow(0, row, 1));
+        }
+        Self { a, b, lens }
     }
 }
 
@@ -250,9 +417,59 @@ impl LmCache {
         }
     }
 
-    /// Tokens consumed so far.
+    /// Tokens consumed so far (by the longest sequence of a ragged batch).
     pub fn len(&self) -> usize {
         self.layers.first().map_or(0, LayerCache::len)
+    }
+
+    /// Tokens each sequence has consumed (`B` values; none for an empty cache).
+    pub fn lens(&self) -> &[usize] {
+        self.layers.first().map_or(&[], LayerCache::lens)
+    }
+
+    /// Whether the sequences of the batch have consumed different numbers of tokens.
+    pub fn is_ragged(&self) -> bool {
+        self.layers.first().is_some_and(LayerCache::is_ragged)
+    }
+
+    /// The batch rows `rows` of every layer's cache, in that order.
+    ///
+    /// # Errors
+    /// As [`LayerCache::select`].
+    pub fn select(&self, rows: &[usize]) -> Result<Self> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|c| c.select(rows))
+            .collect::<Result<_>>()?;
+        Ok(Self { layers })
+    }
+
+    /// The sequences of `parts` as one batch, in order (each layer's caches joined with
+    /// [`LayerCache::join`]).
+    ///
+    /// # Errors
+    /// Caches of different models; as [`LayerCache::join`].
+    pub fn join(parts: Vec<Self>) -> Result<Self> {
+        let Some(n_layers) = parts.first().map(|p| p.layers.len()) else {
+            return Ok(Self::default());
+        };
+        if parts.iter().any(|p| p.layers.len() != n_layers) {
+            return Err(ModelError::Batch(
+                "cannot batch caches of models with different layer counts".into(),
+            ));
+        }
+        let mut columns: Vec<Vec<LayerCache>> = vec![Vec::with_capacity(parts.len()); n_layers];
+        for part in parts {
+            for (column, layer) in columns.iter_mut().zip(part.layers) {
+                column.push(layer);
+            }
+        }
+        let layers = columns
+            .into_iter()
+            .map(LayerCache::join)
+            .collect::<Result<_>>()?;
+        Ok(Self { layers })
     }
 
     /// Whether nothing is cached.

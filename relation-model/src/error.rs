@@ -80,6 +80,10 @@ pub enum ModelError {
     /// A sampling setting out of range.
     #[error("invalid sampling setting: {0}")]
     Sampling(String),
+    /// Sequences that cannot be batched or stepped together: caches of different kinds, a row
+    /// outside the batch, or more than one token per sequence for a batch of different lengths.
+    #[error("batched decoding: {0}")]
+    Batch(String),
     /// Saving or loading failed.
     #[error("{0}")]
     Io(String),

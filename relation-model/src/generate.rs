@@ -1,10 +1,9 @@
 //! Sampling from a model with its cache: temperature, top-k, top-p, a seed, batches of prompts.
 
-use std::collections::BTreeMap;
-
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 use relation_core::rng::SplitMix64;
 
+use crate::batch::{DecodeBatch, Next, Request};
 use crate::cache::LmCache;
 use crate::error::{ModelError, Result};
 use crate::model::{Mixer, RelationLm};
@@ -41,7 +40,7 @@ impl Default for Sampling {
 }
 
 impl Sampling {
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |what: &str| Err(ModelError::Sampling(what.to_string()));
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return bad(&format!(
@@ -162,18 +161,16 @@ impl RelationLm {
     }
 
     /// Continues every prompt by up to `sampling.max_new_tokens` tokens (fewer where a
-    /// [stop token](Sampling::stop_tokens) is drawn), prefilling each prompt's cache with
-    /// [`RelationLm::prefill`] (chunks of [`PREFILL_CHUNK`] where a pass cannot take the whole
-    /// prompt) and then decoding token by token. Prompts of equal length run as one batch; prompts of
-    /// different lengths run as one batch per length, one after another (a single ragged batch
-    /// would need per-row positions and key masks in every cached mixer, which the caches do not
-    /// have yet).
+    /// [stop token](Sampling::stop_tokens) is drawn), all prompts in one [`DecodeBatch`]
+    /// (prompts of equal length prefilled together with [`RelationLm::prefill`], then decoded
+    /// together whatever their lengths). Prompt `i` draws from its own random stream, seeded
+    /// `sampling.seed + i`, so its tokens are those it would get alone with that seed.
     ///
     /// # Errors
     /// Empty prompts, token ids outside the vocabulary, invalid sampling settings.
     pub fn generate(&self, prompts: &[Vec<u32>], sampling: &Sampling) -> Result<Vec<Vec<u32>>> {
         let mut outputs = vec![Vec::new(); prompts.len()];
-        self.generate_each(prompts, sampling, &mut |i, token| {
+        self.generate_batched(prompts, sampling, prompts.len(), &mut |i, token| {
             outputs[i].push(token);
             true
         })?;
@@ -193,77 +190,62 @@ impl RelationLm {
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>> {
         let mut out = Vec::new();
-        self.generate_each(&[prompt.to_vec()], sampling, &mut |_, token| {
+        self.generate_batched(&[prompt.to_vec()], sampling, 1, &mut |_, token| {
             out.push(token);
             on_token(token)
         })?;
         Ok(out)
     }
 
-    /// The decoding loop: `on_token(prompt index, token)` for every token drawn, in order;
-    /// a row ends at a stop token (not passed on), at `max_new_tokens`, or when `on_token`
-    /// returns `false`. The sampler draws for every row of the batch at every step (finished
-    /// rows too, their tokens dropped), so a row's tokens do not depend on when others end.
-    fn generate_each(
+    /// Continuous batching over a list of prompts: at most `max_batch` decode together, and
+    /// whenever one ends the next waiting prompt takes its place. `on_token(prompt index,
+    /// token)` gets every token drawn, as it is drawn (prompts interleaved); a prompt ends at a
+    /// stop token (not passed on), at `max_new_tokens`, or when `on_token` returns `false`.
+    /// Prompt `i` draws from its own random stream seeded `sampling.seed + i`, so its tokens do
+    /// not depend on `max_batch` or on the other prompts.
+    ///
+    /// # Errors
+    /// As [`RelationLm::generate`]; every prompt is checked before any is decoded.
+    pub fn generate_batched(
         &self,
         prompts: &[Vec<u32>],
         sampling: &Sampling,
+        max_batch: usize,
         on_token: &mut dyn FnMut(usize, u32) -> bool,
     ) -> Result<()> {
-        sampling.validate()?;
-        let vocab = self.vocab_size();
-        for prompt in prompts {
-            if prompt.is_empty() {
-                return Err(ModelError::Zero {
-                    name: "prompt length",
-                });
-            }
-            if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ModelError::TokenOutOfRange { token, vocab });
-            }
+        let requests: Vec<Request> = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, prompt)| Request {
+                id: i as u64,
+                prompt: prompt.clone(),
+                sampling: Sampling {
+                    seed: sampling.seed.wrapping_add(i as u64),
+                    ..sampling.clone()
+                },
+                top_logprobs: 0,
+            })
+            .collect();
+        for request in &requests {
+            DecodeBatch::check(self, request)?;
         }
-        let device = self.embedding.weight.val().device();
-        let mut rng = SplitMix64::new(sampling.seed);
-        // Group prompts by length so each group is one batch.
-        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-        for (i, p) in prompts.iter().enumerate() {
-            groups.entry(p.len()).or_default().push(i);
-        }
-        for (len, members) in groups {
-            let batch = members.len();
-            let ids: Vec<i64> = members
-                .iter()
-                .flat_map(|&i| prompts[i].iter().map(|&t| t as i64))
-                .collect();
-            let mut cache = self.new_cache();
-            let mut live = vec![true; batch];
-            let ids = Tensor::<2, Int>::from_data(TensorData::new(ids, [batch, len]), &device); // [batch, len]
-            let mut last = self.prefill(ids, &mut cache, PREFILL_CHUNK)?; // [batch, V]
-            for step in 0..sampling.max_new_tokens {
-                let logits: Vec<f32> = last.into_data().iter::<f32>().collect(); // [batch * V]
-                let next: Vec<u32> = logits
-                    .chunks(vocab)
-                    .map(|row| sampling.draw(row, &mut rng))
-                    .collect();
-                for (row, (&member, &token)) in members.iter().zip(&next).enumerate() {
-                    if !live[row] {
-                        continue;
-                    }
-                    if sampling.stop_tokens.contains(&token) || !on_token(member, token) {
-                        live[row] = false;
-                    }
+        let mut waiting = requests.into_iter();
+        let mut batch = DecodeBatch::new(self, max_batch);
+        loop {
+            let joining: Vec<Request> = waiting.by_ref().take(batch.room()).collect();
+            if !joining.is_empty() {
+                batch.admit(joining)?;
+            }
+            if batch.is_empty() {
+                return Ok(());
+            }
+            batch.step(&mut |drawn| {
+                if on_token(drawn.id as usize, drawn.token) {
+                    Next::Continue
+                } else {
+                    Next::End
                 }
-                if !live.contains(&true) || step + 1 == sampling.max_new_tokens {
-                    break;
-                }
-                // Finished rows keep decoding (their tokens are dropped) so the batch stays one
-                // tensor.
-                let next: Vec<i64> = next.iter().map(|&t| t as i64).collect();
-                let input = Tensor::from_data(TensorData::new(next, [batch, 1]), &device); // [batch, 1]
-                let logits = self.forward_cached(input, &mut cache)?; // [batch, 1, V]
-                last = logits.squeeze_dim::<2>(1); // [batch, V]
-            }
+            })?;
         }
-        Ok(())
     }
 }

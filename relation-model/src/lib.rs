@@ -9,11 +9,13 @@
 //! - [`cache`] holds the per-layer caches of incremental decoding ([`LmCache`]).
 //! - [`activation_checkpointing`] holds the training pass with activation checkpointing and a chunked loss
 //!   ([`RelationLm::checkpointed_step`], [`CheckpointedStep`]).
-//! - [`generate`] holds sampling ([`Sampling`]).
+//! - [`generate`] holds sampling ([`Sampling`]); [`batch`] batched decoding of different prompts
+//!   with continuous batching ([`DecodeBatch`]).
 //! - [`flops`] counts the model FLOPs per token ([`RelationLm::training_flops_per_token`]).
 //! - [`error`] holds [`ModelError`].
 
 pub mod activation_checkpointing;
+pub mod batch;
 pub mod cache;
 pub mod config;
 pub mod error;
@@ -25,6 +27,7 @@ pub mod learner;
 pub mod model;
 
 pub use activation_checkpointing::{CheckpointedStep, DEFAULT_LOSS_CHUNK};
+pub use batch::{DecodeBatch, Drawn, Finish, Next, Request};
 pub use cache::{LayerCache, LmCache};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};

@@ -399,10 +399,15 @@ impl RelationLm {
     /// # Shapes
     /// - `tokens`: `[B, n]`, output: `[B, n, V]`
     ///
+    /// The sequences of a cache may have different lengths (see [`LmCache::join`]): each
+    /// sequence's token then sits at its own position, and such a batch takes one token per
+    /// sequence at a time.
+    ///
     /// # Errors
     /// [`ModelError::CacheMismatch`] for a cache made for another number of layers;
     /// [`ModelError::WrongCache`] for a layer cache of another kind than the layer keeps (a cache
-    /// from a model with another pattern).
+    /// from a model with another pattern); [`ModelError::Batch`] for a batch other than the
+    /// cache's, or several tokens per sequence for a cache of sequences of different lengths.
     pub fn forward_cached(&self, tokens: Tensor<2, Int>, cache: &mut LmCache) -> Result<Tensor<3>> {
         let h = self.hidden_cached(tokens, cache)?;
         self.logits(h)
@@ -420,6 +425,19 @@ impl RelationLm {
                 "cache has {} layers, model has {}",
                 cache.layers.len(),
                 self.blocks.len()
+            )));
+        }
+        let [b, n] = tokens.dims();
+        let cached = cache.lens().len();
+        if !cache.is_empty() && b != cached {
+            return Err(ModelError::Batch(format!(
+                "{b} sequences of tokens for a cache of {cached} sequences"
+            )));
+        }
+        if cache.is_ragged() && n != 1 {
+            return Err(ModelError::Batch(format!(
+                "{n} tokens per sequence for a batch of sequences of different lengths {:?}: such a batch takes one token per sequence at a time",
+                cache.lens()
             )));
         }
         let mut h = self.embedding.forward(tokens);

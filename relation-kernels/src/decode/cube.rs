@@ -10,7 +10,8 @@
 //!
 //! `m` starts at 0 in every unit (`SiLU(u) >= -0.2785`, so every exponent stays `<= 0.28`; a
 //! unit with no position keeps `l = 0` and adds nothing). The integer sizes travel in a small
-//! `u32` table: `(len, C, block, partials per (b, h))`.
+//! `u32` table: `(C, block, partials per (b, h), len_0, …, len_{B-1})`, each sequence of the
+//! batch with its own filled length (blocks past a shorter sequence's history hold nothing).
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};
@@ -42,10 +43,10 @@ fn decode_blocks_kernel<F: Float>(
     let k = CUBE_POS_X as usize;
     let bh = CUBE_POS_Y as usize;
     let (b, h) = (bh / heads, bh % heads);
-    let len = sizes[0] as usize;
-    let c = sizes[1] as usize;
-    let block = sizes[2] as usize;
-    let partials = sizes[3] as usize;
+    let c = sizes[0] as usize;
+    let block = sizes[1] as usize;
+    let partials = sizes[2] as usize;
+    let len = sizes[3 + b] as usize;
     let history = len - 1;
     let j0 = k * block;
     let mut j1 = j0 + block;
@@ -117,9 +118,9 @@ fn decode_merge_kernel<F: Float>(
     let bh = CUBE_POS_X as usize;
     let d = UNIT_POS_X as usize;
     let (b, h) = (bh / heads, bh % heads);
-    let len = sizes[0] as usize;
-    let c = sizes[1] as usize;
-    let partials = sizes[3] as usize;
+    let c = sizes[0] as usize;
+    let partials = sizes[2] as usize;
+    let len = sizes[3 + b] as usize;
     let newest = ((b * c + len - 1) * heads + h) * head_dim; // row `len - 1`, head `h`
     let own = f32::cast_from(info[newest + d]);
     let mut out = own;
@@ -174,15 +175,18 @@ pub(super) fn decode(
     let dims = p1.meta.shape().clone();
     let (b, h, d) = (dims[0], dims[2], dims[3]);
     let c = p2.meta.shape()[1];
-    let history = params.len - 1;
+    let history = params.lens.iter().max().map_or(0, |&len| len - 1);
     let block = history.div_ceil(MAX_BLOCKS).max(MIN_BLOCK);
     let blocks = history.div_ceil(block);
     let partials = blocks * UNITS;
     let client = p1.client.clone();
     let dtype = dtype_to_storage_type(p1.dtype);
 
-    let sizes = [params.len, c, block, partials]
-        .map(|v| u32::try_from(v).expect("cache rows fit u32 (no device buffer holds 2^32 rows)"));
+    let sizes: Vec<u32> = [c, block, partials]
+        .iter()
+        .chain(&params.lens)
+        .map(|&v| u32::try_from(v).expect("cache rows fit u32 (no device buffer holds 2^32 rows)"))
+        .collect();
     let sizes = u32_tensor(&p1, &sizes);
     let part = empty_like_dtype(
         &p1,

@@ -1,6 +1,7 @@
 //! The fused decoding step on Flex: split-K over blocks of cached positions.
 //!
-//! The history `j < i` of the new row `i = len - 1` is cut into blocks of consecutive positions,
+//! The history `j < i` of each sequence's new row `i = len - 1` (every sequence of the batch with
+//! its own `len`) is cut into blocks of consecutive positions,
 //! one task each on the thread pool. A task reads its block once, position by position: the row
 //! of `P2` (every head of a position is one contiguous `H·D` row of the `[B, C, H, D]` buffer)
 //! gives `E_j = SiLU(scale p1 · p2_j)` for all heads at once, and the row of `Ĩ` goes straight
@@ -159,16 +160,28 @@ pub(super) fn decode(
     let lambda = read_f32(&lambda)[0];
     let (keys, values) = (f32_data(&p2), f32_data(&info)); // [B, C, H, D] each
     let row = h * d;
-    let history = params.len - 1; // positions 0..history precede the new row
+    // Each sequence's history (positions before its new row) in blocks; every task is one
+    // block of one sequence, sized from the longest history.
+    let history: Vec<usize> = params.lens.iter().map(|&len| len - 1).collect();
+    let longest = history.iter().copied().max().unwrap_or(0);
     let threads = rayon::current_num_threads().max(1);
-    let block = history.div_ceil(4 * threads).clamp(MIN_BLOCK, MAX_BLOCK);
-    let blocks = history.div_ceil(block);
+    let block = longest.div_ceil(4 * threads).clamp(MIN_BLOCK, MAX_BLOCK);
+    let blocks: Vec<usize> = history.iter().map(|h| h.div_ceil(block)).collect();
+    let first: Vec<usize> = blocks
+        .iter()
+        .scan(0, |at, &n| {
+            *at += n;
+            Some(*at - n)
+        })
+        .collect(); // each sequence's first task
+    let tasks: Vec<(usize, usize)> = (0..b)
+        .flat_map(|bi| (0..blocks[bi]).map(move |k| (bi, k)))
+        .collect();
 
-    let partials: Vec<Partial> = (0..b * blocks)
+    let partials: Vec<Partial> = tasks
         .into_par_iter()
-        .map(|task| {
-            let (bi, k) = (task / blocks, task % blocks);
-            let (j0, j1) = (k * block, ((k + 1) * block).min(history));
+        .map(|(bi, k)| {
+            let (j0, j1) = (k * block, ((k + 1) * block).min(history[bi]));
             let rows = bi * c * row + j0 * row..bi * c * row + j1 * row;
             vectorized(Block {
                 query: &q[bi * row..(bi + 1) * row],
@@ -181,11 +194,11 @@ pub(super) fn decode(
         })
         .collect();
 
-    let log_count = (params.len as f32).ln();
     let mut out = output(b * row); // every element is written below
     for bi in 0..b {
+        let (history, log_count) = (history[bi], (params.lens[bi] as f32).ln());
         let newest = bi * c * row + history * row; // row `i` of sequence `bi`
-        let parts = &partials[bi * blocks..(bi + 1) * blocks];
+        let parts = &partials[first[bi]..first[bi] + blocks[bi]];
         for hi in 0..h {
             let head = hi * d..(hi + 1) * d;
             let own = &values[newest..newest + row][head.clone()]; // Ĩ_i

@@ -29,10 +29,11 @@ use crate::error::{KernelError, Result};
 use crate::strategy::Strategy;
 
 /// The scalars of one decoding step.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct DecodeParams {
-    /// Filled rows of the cache buffers: positions `0..len`, the new token at `len - 1`.
-    pub len: usize,
+    /// Filled rows of each sequence's cache buffer (one per batch row): positions `0..len`, the
+    /// new token at `len - 1`.
+    pub lens: Vec<usize>,
     /// `1 / sqrt(D)`.
     pub scale: f32,
     /// `1 / tau_S` (unused for Exchange-only).
@@ -92,24 +93,34 @@ impl DecodeOps for burn_cubecl::CubeBackend {
     }
 }
 
-/// The cached rows a decoding step reads: the first `len` rows of buffers that may hold more
-/// (a cache keeps spare room so that it grows in place).
+/// The cached rows a decoding step reads: the first `lens[b]` rows of sequence `b` of buffers
+/// that may hold more (a cache keeps spare room so that it grows in place, and the sequences of
+/// a batch may have different lengths).
 ///
 /// # Shapes
-/// - `p2` (rotated `P2`), `info` (`Ĩ`): `[B, C, H, D]` with `1 <= len <= C`
+/// - `p2` (rotated `P2`), `info` (`Ĩ`): `[B, C, H, D]` with `1 <= lens[b] <= C`
 #[derive(Debug, Clone)]
 pub struct CachedRows {
-    /// Rotated `P2` of every position, rows `len..C` unused.
+    /// Rotated `P2` of every position, rows `lens[b]..C` of sequence `b` unused.
     pub p2: Tensor<4>,
-    /// `Ĩ` of every position, rows `len..C` unused.
+    /// `Ĩ` of every position, rows `lens[b]..C` of sequence `b` unused.
     pub info: Tensor<4>,
-    /// Filled rows: positions `0..len`, the new token's at `len - 1`.
-    pub len: usize,
+    /// Filled rows of each sequence (`B` values): positions `0..len`, the new token's at
+    /// `len - 1`.
+    pub lens: Vec<usize>,
 }
 
-/// The new token's row of the Self-Exchange Relation against the cache: row `len - 1` of
-/// [`relation_core::naive_relation_rows`] over the `len` filled rows of `cache`, which already
-/// hold the new token's `P2` and `Ĩ`.
+impl CachedRows {
+    /// Every sequence of the batch with `len` filled rows.
+    pub fn uniform(p2: Tensor<4>, info: Tensor<4>, len: usize) -> Self {
+        let lens = vec![len; p2.dims()[0]];
+        Self { p2, info, lens }
+    }
+}
+
+/// The new token's row of the Self-Exchange Relation against the cache: for each sequence `b`,
+/// row `lens[b] - 1` of [`relation_core::naive_relation_rows`] over its `lens[b]` filled rows of
+/// `cache`, which already hold the new token's `P2` and `Ĩ`.
 ///
 /// [`Strategy::Auto`] runs the fused split-K step on Flex and CubeCL runtimes (f32, f16, bf16;
 /// computed in f32) and the reference over the filled rows elsewhere; [`Strategy::Fused`] is an
@@ -120,7 +131,8 @@ pub struct CachedRows {
 /// - output: `[B, 1, H, D]`
 ///
 /// # Errors
-/// Mismatched shapes, dtypes or devices; `len` 0 or above `C`; a bad `tau_s`;
+/// Mismatched shapes, dtypes or devices; not one length per sequence, a length 0 or above `C`;
+/// a bad `tau_s`;
 /// [`Strategy::Fused`] on a device without kernels.
 pub fn flash_relation_decode(
     p1: Tensor<4>,
@@ -135,7 +147,7 @@ pub fn flash_relation_decode(
     decode(p1, cache, Some((lambda, tau_s)), strategy)
 }
 
-/// The new token's row of the Exchange-only ablation against the cache (row `len - 1` of
+/// The new token's row of the Exchange-only ablation against the cache (row `lens[b] - 1` of
 /// [`relation_core::naive_exchange_only_rows`]); as [`flash_relation_decode`] otherwise.
 ///
 /// # Shapes
@@ -158,7 +170,7 @@ fn decode(
     relation: Option<(Tensor<1>, f64)>,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    let CachedRows { p2, info, len } = cache;
+    let CachedRows { p2, info, lens } = cache;
     let rows = check::bthd("p2", &p2)?;
     check::same_bthd("info", &info, "p2", &rows)?;
     let q = check::bthd("p1", &p1)?;
@@ -172,9 +184,20 @@ fn decode(
         });
     }
     let c = rows.seq;
-    if len == 0 || len > c {
+    if lens.len() != rows.batch {
         return Err(KernelError::DecodeInputs {
-            reason: format!("len {len}: the cache holds {c} rows, and len must be in 1..={c}"),
+            reason: format!(
+                "{} lengths for a batch of {} sequences: one filled length per sequence",
+                lens.len(),
+                rows.batch
+            ),
+        });
+    }
+    if let Some((b, &len)) = lens.iter().enumerate().find(|&(_, &l)| l == 0 || l > c) {
+        return Err(KernelError::DecodeInputs {
+            reason: format!(
+                "len {len} of sequence {b}: the cache holds {c} rows, and len must be in 1..={c}"
+            ),
         });
     }
     check::same_dtype("p2", &p2, "p1", &p1)?;
@@ -182,11 +205,24 @@ fn decode(
     check::same_device("p2", &p2, &p1)?;
     check::same_device("info", &info, &p1)?;
     if !strategy.use_fused("flash_relation_decode", &p1)? {
-        let (p2, info) = (p2.narrow(1, 0, len), info.narrow(1, 0, len));
-        return Ok(match relation {
-            None => naive_exchange_only_rows(p1, p2, info)?,
-            Some((lambda, tau_s)) => naive_relation_rows(p1, p2, info, lambda, tau_s)?,
-        });
+        // The reference over each run of sequences with the same length, in batch order.
+        let reference = |b0: usize, n: usize, len: usize| {
+            let rows = |t: &Tensor<4>| t.clone().narrow(0, b0, n).narrow(1, 0, len);
+            let p1 = p1.clone().narrow(0, b0, n);
+            match &relation {
+                None => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
+                Some((lambda, tau_s)) => {
+                    naive_relation_rows(p1, rows(&p2), rows(&info), lambda.clone(), *tau_s)
+                }
+            }
+        };
+        let mut parts = Vec::new();
+        let mut b0 = 0;
+        for run in lens.chunk_by(|a, b| a == b) {
+            parts.push(reference(b0, run.len(), run[0])?);
+            b0 += run.len();
+        }
+        return Ok(Tensor::cat(parts, 0));
     }
     #[cfg(any(feature = "flex", feature = "cube"))]
     {
@@ -198,7 +234,7 @@ fn decode(
             None => (Tensor::zeros([1], &p1.device()), 1.0),
         };
         let params = DecodeParams {
-            len,
+            lens,
             scale: 1.0 / (rows.head_dim as f32).sqrt(),
             inv_tau: (1.0 / tau_s) as f32,
             exchange_only,

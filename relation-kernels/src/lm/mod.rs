@@ -27,7 +27,7 @@ use relation_core::lm::{check_cross_entropy, check_dense, check_rms_norm, check_
 use relation_core::rope::check_rope;
 use relation_core::{
     RopePositions, WeightLayout, naive_cross_entropy, naive_dense, naive_packed_rope,
-    naive_rms_norm, naive_rope, naive_swiglu,
+    naive_rms_norm, naive_rope, naive_rope_rows, naive_swiglu,
 };
 
 use crate::error::Result;
@@ -77,8 +77,9 @@ pub fn dense(
 /// Rotary position embedding (half-split pairs, angle `p base^(-2k/D)` at position `p`) of rows
 /// at `positions`, differentiable: [`RopePositions::From`]`(offset)` puts every batch row's
 /// tokens at `offset..`, [`RopePositions::Packed`] rotates every document of a packed row from
-/// position 0, as if alone. The references are [`relation_core::naive_rope`] and
-/// [`relation_core::naive_packed_rope`].
+/// position 0, as if alone, [`RopePositions::Rows`] puts each batch row at its own start (a
+/// batch of sequences of different lengths). The references are [`relation_core::naive_rope`],
+/// [`relation_core::naive_packed_rope`] and [`relation_core::naive_rope_rows`].
 ///
 /// [`Strategy::Auto`] runs it on Flex as one pass on all cores (each row's angle taken at its
 /// position; the backward is the inverse rotation, nothing saved); the reference elsewhere.
@@ -96,8 +97,17 @@ pub fn rope(
     base: f64,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    if let RopePositions::Packed(segments) = positions {
-        segments.check_packed("x", &x.dims())?;
+    match positions {
+        RopePositions::Packed(segments) => segments.check_packed("x", &x.dims())?,
+        RopePositions::Rows(starts) if starts.len() != x.dims()[0] => {
+            return Err(relation_core::RelationError::ShapeMismatch {
+                name: "positions",
+                expected: format!("one start per batch row, [B] = [{}]", x.dims()[0]),
+                got: vec![starts.len()],
+            }
+            .into());
+        }
+        _ => {}
     }
     let positions = positions.clone();
     check_rope(&x, base)?;
@@ -105,6 +115,7 @@ pub fn rope(
         return Ok(match positions {
             RopePositions::From(offset) => naive_rope(x, offset, base)?,
             RopePositions::Packed(segments) => naive_packed_rope(x, &segments, base)?,
+            RopePositions::Rows(starts) => naive_rope_rows(x, &starts, base)?,
         });
     }
     #[cfg(feature = "flex")]

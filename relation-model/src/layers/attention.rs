@@ -136,10 +136,10 @@ impl CausalSelfAttention {
     /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a K/V cache; a bad
     /// RoPE base.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
-        let offset = cache.len();
-        let (q, k, v) = self.qkv.forward(x, offset)?;
-        let (k, v) = cache.append_attention(k, v)?.filled(); // [B, T, H, D] each
-        let (y, _) = causal_rows(q, k, v, None);
+        let (q, k, v) = self.qkv.forward_at(x, &cache.positions())?;
+        let rows = cache.append_attention(k, v)?;
+        let (k, v) = rows.filled(); // [B, T, H, D] each
+        let (y, _) = causal_rows(q, k, v, None, &rows.lens);
         dense(&self.wo, merge_heads(y))
     }
 }
@@ -169,29 +169,34 @@ fn masked_rows_are_cheaper(segments: &Segments, r: usize) -> bool {
     segments.total() * r < per_segment
 }
 
-/// Materialized causal attention for the last `n` query positions over all `T` keys, adding
-/// `extra` (earlier layers' scores, RealFormer) to the pre-softmax scores.
+/// Materialized causal attention for the last `n` query positions of each sequence over its
+/// keys, adding `extra` (earlier layers' scores, RealFormer) to the pre-softmax scores.
+/// Sequence `b` holds `lens[b] <= T` keys (the rest of its rows are another sequence's room in
+/// a ragged batch, and masked); its query row `r` sits at position `lens[b] - n + r`.
 ///
 /// # Shapes
-/// - `q`: `[B, n, H, D]`; `k`, `v`: `[B, T, H, D]`; `extra`: `[B, H, n, T]`
+/// - `q`: `[B, n, H, D]`; `k`, `v`: `[B, T, H, D]`; `extra`: `[B, H, n, T]`; `lens`: `B` values
 /// - output: `y` `[B, n, H, D]` and the pre-softmax scores `[B, H, n, T]`
 pub(crate) fn causal_rows(
     q: Tensor<4>,
     k: Tensor<4>,
     v: Tensor<4>,
     extra: Option<Tensor<4>>,
+    lens: &[usize],
 ) -> (Tensor<4>, Tensor<4>) {
     let [b, n, h, d] = q.dims();
     let t = k.dims()[1];
-    let offset = t - n;
     let mut scores =
         q.swap_dims(1, 2).matmul(k.swap_dims(1, 2).swap_dims(2, 3)) / (d as f64).sqrt(); // [B, H, n, T]
     if let Some(extra) = extra {
         scores = scores + extra;
     }
-    // Query row r sits at position offset + r and sees keys j <= offset + r.
-    let rows = Tensor::<1, Int>::arange(offset as i64..t as i64, &scores.device())
-        .reshape([1, 1, n, 1])
+    // Query row r of sequence b sits at position lens[b] - n + r and sees keys j <= that.
+    let at: Vec<i64> = lens
+        .iter()
+        .flat_map(|&len| (len - n..len).map(|p| p as i64))
+        .collect();
+    let rows = Tensor::<4, Int>::from_data(TensorData::new(at, [b, 1, n, 1]), &scores.device())
         .expand([b, h, n, t]);
     let cols = Tensor::<1, Int>::arange(0..t as i64, &scores.device())
         .reshape([1, 1, 1, t])

@@ -151,8 +151,8 @@ impl MultiHeadRelation {
     /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a Full Relation
     /// cache; operator errors.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
-        let offset = cache.len();
-        let (p1, p2, info) = self.projection.forward(x, offset)?;
+        let (offset, ragged) = (cache.len(), cache.is_ragged());
+        let (p1, p2, info) = self.projection.forward_at(x, &cache.positions())?;
         let n = p1.dims()[1];
         // Rotated `P2` and `Ĩ` of every position so far: rows `0..offset + n` of the cache.
         let rows = cache.append_full(p2, info)?;
@@ -160,7 +160,7 @@ impl MultiHeadRelation {
         // fused decoding step, which reads the cache buffers in place; later chunks of several
         // tokens compute their rows against every cached position with the reference.
         let y = match (offset, n, self.exchange_only) {
-            (0, _, _) => {
+            (0, _, _) if !ragged => {
                 let (p2_all, info_all) = rows.filled();
                 return self.relation(FlashInputs::new(p1, p2_all, info_all));
             }
@@ -168,7 +168,7 @@ impl MultiHeadRelation {
                 let cached = CachedRows {
                     p2: rows.a,
                     info: rows.b,
-                    len: rows.len,
+                    lens: rows.lens,
                 };
                 if exchange_only {
                     flash_exchange_only_decode(p1, cached, Strategy::Auto)?

@@ -11,7 +11,6 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor, activation};
-use relation_core::RopePositions;
 
 use relation_core::l2_normalize;
 
@@ -103,20 +102,21 @@ impl KimiDeltaAttention {
     /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a state;
     /// a bad RoPE base.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
-        let offset = cache.len();
+        let positions = cache.positions();
+        let lens = cache.lens_after(x.dims()[0], x.dims()[1]);
         let h = self.heads;
         let q = l2_normalize(rope_heads(
             &self.wq,
             x.clone(),
             h,
-            &RopePositions::From(offset),
+            &positions,
             self.rope_base,
         )?);
         let k = l2_normalize(rope_heads(
             &self.wk,
             x.clone(),
             h,
-            &RopePositions::From(offset),
+            &positions,
             self.rope_base,
         )?);
         let v = split_heads(dense(&self.wv, x.clone())?, h);
@@ -138,10 +138,7 @@ impl KimiDeltaAttention {
             // (S^T q)^T = q^T S: [B, H, 1, D] -> [B, 1, H, D]
             outputs.push(row(&q, t).matmul(state.clone()).reshape([b, 1, h, d]));
         }
-        *cache = LayerCache::Linear {
-            state,
-            len: offset + n,
-        };
+        *cache = LayerCache::Linear { state, lens };
         let o = Tensor::cat(outputs, 1); // [B, n, H, D]
         let gate = activation::sigmoid(dense(&self.wg, x)?);
         dense(&self.wo, merge_heads(head_norm(o)) * gate)

@@ -117,10 +117,10 @@ impl LinearRelation {
     fn run(
         &self,
         x: Tensor<3>,
-        offset: usize,
+        positions: &RopePositions,
         state: Option<Tensor<4>>,
     ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
-        let (p1, p2, info) = self.projection.forward(x.clone(), offset)?;
+        let (p1, p2, info) = self.projection.forward_at(x.clone(), positions)?;
         let log_alpha = self.gate.forward(x)?; // [B, n, H, D]
         let inputs = LinearInputs {
             p1,
@@ -142,7 +142,7 @@ impl LinearRelation {
     /// # Errors
     /// Operator errors.
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
-        Ok(self.run(x, 0, None)?.0)
+        Ok(self.run(x, &RopePositions::From(0), None)?.0)
     }
 
     /// Forward of a packed row of documents, each from a zero state and its own positions, as if
@@ -175,14 +175,11 @@ impl LinearRelation {
     /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a state;
     /// operator errors.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
-        let offset = cache.len();
-        let n = x.dims()[1];
+        let [b, n, _] = x.dims();
+        let (positions, lens) = (cache.positions(), cache.lens_after(b, n));
         let state = cache.take_state()?;
-        let (y, state) = self.run(x, offset, state)?;
-        *cache = LayerCache::Linear {
-            state,
-            len: offset + n,
-        };
+        let (y, state) = self.run(x, &positions, state)?;
+        *cache = LayerCache::Linear { state, lens };
         Ok(y)
     }
 }

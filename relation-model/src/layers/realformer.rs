@@ -52,10 +52,10 @@ impl RealFormerAttention {
         cache: &mut LayerCache,
         previous: Option<Tensor<4>>,
     ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
-        let offset = cache.len();
-        let (q, k, v) = self.attention.qkv.forward(x, offset)?;
-        let (k, v) = cache.append_attention(k, v)?.filled(); // [B, T, H, D] each
-        let (y, scores) = causal_rows(q, k, v, previous);
+        let (q, k, v) = self.attention.qkv.forward_at(x, &cache.positions())?;
+        let rows = cache.append_attention(k, v)?;
+        let (k, v) = rows.filled(); // [B, T, H, D] each
+        let (y, scores) = causal_rows(q, k, v, previous, &rows.lens);
         Ok((dense(&self.attention.wo, merge_heads(y))?, scores))
     }
 

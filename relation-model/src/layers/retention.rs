@@ -11,6 +11,7 @@
 use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
+use relation_core::RopePositions;
 
 use super::{QkvProjection, dense, head_norm, linear, merge_heads};
 use crate::cache::LayerCache;
@@ -60,9 +61,9 @@ fn log_decay(heads: usize, like: &Tensor<4>) -> Tensor<4> {
 }
 
 impl Retention {
-    /// `(rope(q), rope(k) / sqrt(D), v)` of tokens at positions `offset..`, `[B, T, H, D]` each.
-    fn project(&self, x: Tensor<3>, offset: usize) -> crate::Result<[Tensor<4>; 3]> {
-        let (q, k, v) = self.qkv.forward(x, offset)?;
+    /// `(rope(q), rope(k) / sqrt(D), v)` of tokens at `positions`, `[B, T, H, D]` each.
+    fn project(&self, x: Tensor<3>, positions: &RopePositions) -> crate::Result<[Tensor<4>; 3]> {
+        let (q, k, v) = self.qkv.forward_at(x, positions)?;
         let d = q.dims()[3];
         Ok([q, k / (d as f64).sqrt(), v])
     }
@@ -84,7 +85,7 @@ impl Retention {
     /// # Errors
     /// A bad RoPE base.
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
-        let [q, k, v] = self.project(x.clone(), 0)?;
+        let [q, k, v] = self.project(x.clone(), &RopePositions::From(0))?;
         let t = q.dims()[1];
         let device = q.device();
         let scores = q.swap_dims(1, 2).matmul(k.swap_dims(1, 2).swap_dims(2, 3)); // [B, H, T, T]
@@ -112,8 +113,8 @@ impl Retention {
     /// [`crate::ModelError::WrongCache`] for a cache that is neither empty nor a state; a bad
     /// RoPE base.
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
-        let offset = cache.len();
-        let [q, k, v] = self.project(x.clone(), offset)?;
+        let lens = cache.lens_after(x.dims()[0], x.dims()[1]);
+        let [q, k, v] = self.project(x.clone(), &cache.positions())?;
         let [b, n, h, d] = q.dims();
         let mut state = match cache.take_state()? {
             Some(state) => state,
@@ -126,10 +127,7 @@ impl Retention {
             state = state * gamma.clone() + token(&k, t).swap_dims(2, 3).matmul(token(&v, t)); // S_t
             outputs.push(token(&q, t).matmul(state.clone()).reshape([b, 1, h, d])); // q_t S_t
         }
-        *cache = LayerCache::Linear {
-            state,
-            len: offset + n,
-        };
+        *cache = LayerCache::Linear { state, lens };
         self.finish(x, Tensor::cat(outputs, 1))
     }
 }

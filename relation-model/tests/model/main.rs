@@ -7,6 +7,7 @@ use relation_core::testing::SplitMix64;
 use relation_model::{RelationLm, RelationLmConfig};
 
 mod activation_checkpointing;
+mod batching;
 mod config;
 mod decoding;
 mod layers;

@@ -31,7 +31,7 @@ pub(crate) fn rope(
     // cos φ and sin φ of each distinct position (a packed row's positions restart at every
     // segment, so its table is as long as its longest segment, not the row), [P, D/2] each,
     // rounded to f32 as the reference's upload rounds them; `at[row]` indexes it.
-    let rows = positions.rows(t); // position of each of the T rows
+    let rows = positions.rows(b, t); // position of each of the B·T tokens
     let first_pos = rows.iter().copied().min().unwrap_or(0);
     let last_pos = rows.iter().copied().max().unwrap_or(0);
     let at: Vec<usize> = rows.iter().map(|&p| p - first_pos).collect();
@@ -54,7 +54,6 @@ pub(crate) fn rope(
                     y,
                     x,
                     first: task * ROPE_TOKENS_PER_TASK,
-                    t,
                     at: &at,
                     h,
                     d,
@@ -72,12 +71,11 @@ pub(crate) fn rope(
 
 /// A run of whole tokens of RoPE: `x`, `y` hold tokens `first..` (flattened over `B·T`), each
 /// `[H, D]`; `cos`, `sin` are `[P, D/2]` over the distinct positions, row `r` of a sequence
-/// (of `t`) at `at[r]`.
+/// (token `r` of the flattened `B·T`) at `at[r]`.
 struct RopeTokens<'a> {
     y: &'a mut [MaybeUninit<f32>],
     x: &'a [f32],
     first: usize,
-    t: usize,
     at: &'a [usize],
     h: usize,
     d: usize,
@@ -95,7 +93,6 @@ impl Vectorized for RopeTokens<'_> {
             y,
             x,
             first,
-            t,
             at,
             h,
             d,
@@ -104,10 +101,9 @@ impl Vectorized for RopeTokens<'_> {
             inverse,
         } = self;
         let half = d / 2;
-        // Row r of the run is head r % H of token first + r / H, row (that token) % T of its
-        // sequence.
+        // Row r of the run is head r % H of token first + r / H.
         for (r, (y, x)) in y.chunks_exact_mut(d).zip(x.chunks_exact(d)).enumerate() {
-            let at = at[(first + r / h) % t] * half;
+            let at = at[first + r / h] * half;
             let (c, s) = (&cos[at..at + half], &sin[at..at + half]);
             let (y_lo, y_hi) = y.split_at_mut(half);
             let (x_lo, x_hi) = x.split_at(half);
