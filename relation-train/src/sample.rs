@@ -47,11 +47,85 @@ fn printable_len(text: &str, stops: &[String]) -> usize {
     end
 }
 
+/// A continuation's text as its tokens arrive: decoded again after each token, handed on once
+/// it can no longer change (a trailing incomplete character, or a trailing part that could begin
+/// a stop string, is held back), and cut where a stop string appears.
+#[derive(Debug)]
+pub struct ContinuationText<'t> {
+    tokenizer: &'t tokenizers::Tokenizer,
+    stops: Vec<String>,
+    tokens: Vec<u32>,
+    text: String,
+    emitted: usize,
+    stopped: bool,
+}
+
+impl<'t> ContinuationText<'t> {
+    /// An empty continuation that ends where one of `stops` appears.
+    pub fn new(tokenizer: &'t tokenizers::Tokenizer, stops: &[String]) -> Self {
+        Self {
+            tokenizer,
+            stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
+            tokens: Vec::new(),
+            text: String::new(),
+            emitted: 0,
+            stopped: false,
+        }
+    }
+
+    /// Adds a token; returns the text that became final (possibly empty) and whether a stop
+    /// string has appeared (the continuation ends; the stop string and what follows are dropped).
+    ///
+    /// # Errors
+    /// A token the tokenizer cannot decode.
+    pub fn push(&mut self, token: u32) -> Result<(String, bool)> {
+        if self.stopped {
+            return Ok((String::new(), true));
+        }
+        self.tokens.push(token);
+        self.text = data::decode(self.tokenizer, &self.tokens)?;
+        let stop_at = self
+            .stops
+            .iter()
+            .filter_map(|s| self.text.find(s.as_str()))
+            .min();
+        if let Some(at) = stop_at {
+            self.text.truncate(at);
+            self.stopped = true;
+        }
+        let ready = if self.stopped {
+            self.text.len()
+        } else {
+            printable_len(&self.text, &self.stops)
+        };
+        let mut piece = String::new();
+        if ready > self.emitted && self.text.is_char_boundary(self.emitted) {
+            piece = self.text[self.emitted..ready].to_string();
+            self.emitted = ready;
+        }
+        Ok((piece, self.stopped))
+    }
+
+    /// The text held back so far (at the end of the continuation it is final too).
+    pub fn finish(&mut self) -> String {
+        if self.text.len() > self.emitted && self.text.is_char_boundary(self.emitted) {
+            let rest = self.text[self.emitted..].to_string();
+            self.emitted = self.text.len();
+            return rest;
+        }
+        String::new()
+    }
+
+    /// The whole continuation's text so far (cut at a stop string).
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+}
+
 /// Continues the `prompt` tokens with `run`'s model under `sampling`, handing the
-/// continuation's text to `emit` piece by piece as it is generated: after each token the
-/// continuation is decoded again, and what is new (and can no longer change, or turn out to
-/// be the start of a stop string) is emitted. Generation ends at `sampling`'s stop tokens,
-/// after its `max_new_tokens`, or where one of `stops` appears (that text is not emitted).
+/// continuation's text to `emit` piece by piece as it is generated ([`ContinuationText`]).
+/// Generation ends at `sampling`'s stop tokens, after its `max_new_tokens`, or where one of
+/// `stops` appears (that text is not emitted).
 ///
 /// # Errors
 /// A model or tokenizer error; the first error `emit` returns (generation stops there).
@@ -62,42 +136,30 @@ pub fn stream_continuation(
     stops: &[String],
     emit: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<()> {
-    let mut tokens: Vec<u32> = Vec::new();
-    let mut printed = 0usize;
+    let mut text = ContinuationText::new(&run.tokenizer, stops);
     let mut failure: Option<TrainError> = None;
-    let mut text = String::new();
     run.model.generate_stream(prompt, sampling, |token| {
-        tokens.push(token);
-        match data::decode(&run.tokenizer, &tokens) {
-            Ok(t) => text = t,
+        let (piece, stopped) = match text.push(token) {
+            Ok(next) => next,
             Err(e) => {
                 failure = Some(e);
                 return false;
             }
-        }
-        let stop_at = stops.iter().filter_map(|s| text.find(s.as_str())).min();
-        if let Some(at) = stop_at {
-            text.truncate(at);
-        }
-        let ready = if stop_at.is_some() {
-            text.len()
-        } else {
-            printable_len(&text, stops)
         };
-        if ready > printed && text.is_char_boundary(printed) {
-            if let Err(e) = emit(&text[printed..ready]) {
-                failure = Some(e);
-                return false;
-            }
-            printed = ready;
+        if !piece.is_empty()
+            && let Err(e) = emit(&piece)
+        {
+            failure = Some(e);
+            return false;
         }
-        stop_at.is_none()
+        !stopped
     })?;
     if let Some(e) = failure {
         return Err(e);
     }
-    if text.len() > printed && text.is_char_boundary(printed) {
-        emit(&text[printed..])?;
+    let rest = text.finish();
+    if !rest.is_empty() {
+        emit(&rest)?;
     }
     Ok(())
 }

@@ -176,3 +176,41 @@ pub fn eval_loss(run: &Path, extra: &[&str]) -> (String, f64) {
         .unwrap_or_else(|| panic!("no loss in:\n{out}"));
     (out, loss)
 }
+
+/// A run trained on one short sentence per document ("the <animal> sat on the mat.", each
+/// document ended by <|endoftext|>): 40 steps of the tiny model, after which greedy decoding of
+/// "the owl" is " sat on the mat." and then end-of-text. Returns the run directory.
+pub fn sat_run(dir: &Path) -> PathBuf {
+    let data = dir.join("sat.jsonl");
+    let names = ["cat", "dog", "fox", "owl"];
+    let lines: String = (0..3000)
+        .map(|i| {
+            format!(
+                "{{\"text\": \"the {} sat on the mat.\"}}\n",
+                names[(i * 7 + i / 5) % 4]
+            )
+        })
+        .collect();
+    std::fs::write(&data, lines).unwrap();
+    let run = dir.join("run");
+    let cache = dir.join("cache");
+    let args = with(
+        with(
+            with(
+                with(tiny_args(&run, &cache, &data), "--steps", "40"),
+                "--eval-every",
+                "40",
+            ),
+            "--checkpoint-every",
+            "40",
+        ),
+        "--sample-tokens",
+        "0",
+    );
+    ok(&with(
+        with(args, "--split", "contiguous"),
+        "--warmup-steps",
+        "4",
+    ));
+    run
+}

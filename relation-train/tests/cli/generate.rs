@@ -6,39 +6,7 @@ use crate::common::*;
 #[test]
 fn generation_stops_at_end_of_text_streams_and_exports() {
     let tmp = tempfile::tempdir().unwrap();
-    // One short sentence per document: every document ends with <|endoftext|>, so a trained
-    // model ends its continuation there.
-    let data = tmp.path().join("sat.jsonl");
-    let names = ["cat", "dog", "fox", "owl"];
-    let lines: String = (0..3000)
-        .map(|i| {
-            format!(
-                "{{\"text\": \"the {} sat on the mat.\"}}\n",
-                names[(i * 7 + i / 5) % 4]
-            )
-        })
-        .collect();
-    std::fs::write(&data, lines).unwrap();
-    let run = tmp.path().join("run");
-    let cache = tmp.path().join("cache");
-    let args = with(
-        with(
-            with(
-                with(tiny_args(&run, &cache, &data), "--steps", "40"),
-                "--eval-every",
-                "40",
-            ),
-            "--checkpoint-every",
-            "40",
-        ),
-        "--sample-tokens",
-        "0",
-    );
-    ok(&with(
-        with(args, "--split", "contiguous"),
-        "--warmup-steps",
-        "4",
-    ));
+    let run = sat_run(tmp.path());
     let r = run.to_str().unwrap().to_string();
     let generate = |extra: &[&str]| -> Vec<String> {
         let mut a: Vec<String> = ["generate", "--run-dir", &r, "--temperature", "0"]
@@ -91,6 +59,69 @@ fn generation_stops_at_end_of_text_streams_and_exports() {
     assert_eq!(
         String::from_utf8(out.stdout).unwrap(),
         "the fox sat on the mat.\n"
+    );
+    // One prompt per line, decoded together two at a time (continuous batching): one JSON line
+    // per prompt as it ends, each the same as the prompt alone; blank lines are skipped.
+    let lines = tmp.path().join("prompts.txt");
+    std::fs::write(&lines, "the dog\n\nthe owl\nthe cat sat\nthe fox\n").unwrap();
+    let out = stdout(&generate(&[
+        "--prompt-file",
+        lines.to_str().unwrap(),
+        "--each-line",
+        "--max-batch",
+        "2",
+        "--max-new-tokens",
+        "30",
+    ]));
+    let mut rows: Vec<serde_json::Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    rows.sort_by_key(|r| r["index"].as_u64());
+    let prompts: Vec<&str> = rows.iter().map(|r| r["prompt"].as_str().unwrap()).collect();
+    assert_eq!(prompts, ["the dog", "the owl", "the cat sat", "the fox"]);
+    for row in &rows {
+        let want = if row["prompt"] == "the cat sat" {
+            " on the mat."
+        } else {
+            " sat on the mat."
+        };
+        assert_eq!(row["completion"], want, "{row}");
+        assert_eq!(row["finish_reason"], "stop", "{row}");
+    }
+    // A stop string, and a length limit.
+    let each = |extra: &[&str]| -> Vec<(String, String)> {
+        let mut a = vec!["--prompt-file", lines.to_str().unwrap(), "--each-line"];
+        a.extend(extra);
+        let mut rows: Vec<serde_json::Value> = stdout(&generate(&a))
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        rows.sort_by_key(|r| r["index"].as_u64());
+        rows.iter()
+            .map(|r| {
+                let field = |k: &str| r[k].as_str().unwrap().to_string();
+                (field("completion"), field("finish_reason"))
+            })
+            .collect()
+    };
+    let pair = |c: &str, r: &str| (c.to_string(), r.to_string());
+    let stopped = each(&["--max-new-tokens", "30", "--stop", " on"]);
+    assert_eq!(stopped[1], pair(" sat", "stop"));
+    assert_eq!(stopped[2], pair("", "stop"));
+    let short = each(&["--max-new-tokens", "1"]);
+    assert_eq!(short[0], pair(" sat", "length"));
+    assert_eq!(short[2], pair(" on", "length"));
+    fails_with(
+        &generate(&[
+            "--prompt-file",
+            lines.to_str().unwrap(),
+            "--each-line",
+            "--samples",
+            "2",
+        ]),
+        &[],
+        "must be 1 with --each-line",
     );
     // A prompt longer than the context (32 tokens) is refused, read whole with a larger
     // --max-context, or cut with --truncate-prompt.
