@@ -21,6 +21,7 @@ mod plot;
 pub mod precision;
 pub mod report;
 pub mod sample;
+pub mod serve;
 pub mod train;
 
 pub use config::{DataSpec, ModelSpec, Packing, Reduce, RunConfig, TrainSpec};

@@ -53,9 +53,12 @@ pub enum Command {
     Export(ExportArgs),
     /// Read a model written elsewhere (a Hugging Face folder) into a new run directory.
     Import(ImportArgs),
+    /// Serve a run's checkpoint over HTTP: the OpenAI-compatible completions API, requests
+    /// decoded together (continuous batching).
+    Serve(crate::serve::ServeArgs),
 }
 
-/// The run (and checkpoint) that `eval`, `generate` and `export` read.
+/// The run (and checkpoint) that `eval`, `generate`, `export` and `serve` read.
 #[derive(Debug, Args)]
 pub struct RunSource {
     /// The run directory.
@@ -167,6 +170,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(args) => run_report(&args),
         Command::Export(args) => export::run_export(&args),
         Command::Import(args) => export::run_import(&args),
+        Command::Serve(args) => crate::serve::run_serve(&args),
     }
 }
 

@@ -10,3 +10,4 @@ mod packing;
 mod precision;
 mod report;
 mod run;
+mod serve;

@@ -1,0 +1,777 @@
+//! `relation serve`: a trained model behind the OpenAI-compatible completions API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /v1/completions` | `prompt` (string or array), `max_tokens`, `temperature`, `top_p`, `top_k`, `stop`, `seed`, `n`, `logprobs`, `echo`, `stream` (server-sent events), `ignore_eos` |
+//! | `GET /v1/models` | the one model served |
+//! | `GET /health` | `{"status": "ok"}` while the engine runs |
+//!
+//! Requests are decoded together by one engine thread ([`engine`]): continuous batching over a
+//! [`relation_model::DecodeBatch`] of at most `--max-batch` sequences, at most `--queue` waiting.
+//! A bad request is answered with a JSON error and its status (400 for malformed JSON or
+//! fields and for a prompt past the context, 429 when the queue is full); nothing a client sends
+//! stops the server or other requests. SIGTERM or Ctrl-C stops accepting connections, lets the
+//! requests in flight finish, then exits.
+
+pub mod api;
+pub mod engine;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use clap::Args;
+use relation_model::{Finish, Request, Sampling};
+use serde_json::{Value, json};
+use tokenizers::Tokenizer;
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+use self::api::{ApiError, Completion, Limits};
+use self::engine::{Engine, Event, Job, Refused, Scored, Work};
+use crate::cli::RunSource;
+use crate::data;
+use crate::error::io;
+use crate::{Result, TrainError};
+
+/// `relation serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// The run, and which of its checkpoints (a Hugging Face folder: `relation import` it first).
+    #[command(flatten)]
+    pub source: RunSource,
+    /// Address to listen on (localhost by default).
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0: any free port; the address is printed on standard error).
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// The longest prompt plus completion, in tokens (default: the run's train.seq_len).
+    #[arg(long, value_name = "TOKENS")]
+    pub max_context: Option<usize>,
+    /// Most sequences decoded together.
+    #[arg(long, default_value_t = 16)]
+    pub max_batch: usize,
+    /// Most requests waiting for a place in the batch (more are answered 429).
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Most choices per request (`n` times the prompts).
+    #[arg(long, default_value_t = 16)]
+    pub max_choices: usize,
+    /// The model's name in the API (default: the run directory's name).
+    #[arg(long)]
+    pub model_name: Option<String>,
+    /// Device (default: the run's).
+    #[arg(long)]
+    pub device: Option<String>,
+}
+
+/// What every handler shares.
+struct Shared {
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model: String,
+    context: usize,
+    limits: Limits,
+    end_of_text: Option<u32>,
+    created: u64,
+}
+
+/// Runs `relation serve` until SIGTERM or Ctrl-C.
+///
+/// # Errors
+/// A run that cannot be loaded; a flag out of range; an address that cannot be bound.
+pub fn run_serve(args: &ServeArgs) -> Result<()> {
+    for (name, value) in [
+        ("--max-batch", args.max_batch),
+        ("--queue", args.queue),
+        ("--max-choices", args.max_choices),
+    ] {
+        if value == 0 {
+            return Err(TrainError::Invalid {
+                name,
+                value: "0".into(),
+                rule: "must be >= 1".into(),
+            });
+        }
+    }
+    let run = args.source.load(&args.device)?;
+    let context = args.max_context.unwrap_or(run.config.train.seq_len);
+    if context < 2 {
+        return Err(TrainError::Invalid {
+            name: "--max-context",
+            value: context.to_string(),
+            rule: "must be >= 2 (a prompt token and a new one)".into(),
+        });
+    }
+    let model = args.model_name.clone().unwrap_or_else(|| {
+        args.source
+            .run_dir
+            .canonicalize()
+            .unwrap_or_else(|_| args.source.run_dir.clone())
+            .file_name()
+            .map_or_else(|| "relation".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let end_of_text = run.tokenizer.token_to_id(data::EOT);
+    let shared = Arc::new(Shared {
+        engine: Engine::start(run.model, args.max_batch, args.queue),
+        tokenizer: run.tokenizer,
+        model,
+        context,
+        limits: Limits {
+            max_choices: args.max_choices,
+            max_logprobs: 5,
+        },
+        end_of_text,
+        created: unix_now(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io("the server's runtime"))?;
+    let address = format!("{}:{}", args.host, args.port);
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(&address)
+            .await
+            .map_err(io(format!("listening on {address}")))?;
+        let bound: SocketAddr = listener
+            .local_addr()
+            .map_err(io(format!("listening on {address}")))?;
+        eprintln!(
+            "serving {} on http://{bound} (context {context} tokens, batch {}, queue {}); SIGTERM or Ctrl-C stops",
+            shared.model, args.max_batch, args.queue
+        );
+        axum::serve(listener, router(shared.clone()))
+            .with_graceful_shutdown(stop_signal())
+            .await
+            .map_err(io(format!("serving on {address}")))
+    })?;
+    eprintln!("stopped: every request in flight has finished");
+    drop(runtime);
+    if let Ok(mut shared) = Arc::try_unwrap(shared) {
+        shared.engine.shut_down();
+    }
+    Ok(())
+}
+
+/// The routes.
+fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .fallback(|| async {
+            error_response(&ApiError::status(
+                StatusCode::NOT_FOUND,
+                "no such route: this server has POST /v1/completions, GET /v1/models, GET /health",
+            ))
+        })
+        .method_not_allowed_fallback(|| async {
+            error_response(&ApiError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this route",
+            ))
+        })
+        .with_state(shared)
+}
+
+/// SIGTERM or Ctrl-C.
+async fn stop_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+    eprintln!("stopping: no new connections; finishing the requests in flight");
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn error_response(error: &ApiError) -> Response {
+    (error.status, axum::Json(error.body())).into_response()
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn models(State(shared): State<Arc<Shared>>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": shared.model,
+            "object": "model",
+            "created": shared.created,
+            "owned_by": "relation",
+            "max_context": shared.context,
+        }],
+    }))
+    .into_response()
+}
+
+/// One choice to produce: which prompt, its tokens, its seed.
+struct Choice {
+    index: usize,
+    prompt: String,
+    tokens: Vec<u32>,
+    seed: u64,
+}
+
+/// A choice's answer channels: its scores (echo + logprobs) and its generated tokens.
+struct Pending {
+    choice: Choice,
+    scores: Option<UnboundedReceiver<Event>>,
+    tokens: Option<UnboundedReceiver<Event>>,
+}
+
+async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
+    let started = Instant::now();
+    match start(&shared, &body) {
+        Ok((request, pending)) => {
+            if request.stream {
+                stream_response(shared, request, pending, started)
+            } else {
+                complete_response(&shared, &request, pending, started).await
+            }
+        }
+        Err(e) => {
+            tracing::info!(status = e.status.as_u16(), error = %e.message, "completion refused");
+            error_response(&e)
+        }
+    }
+}
+
+/// Reads the request, checks it against the context and queues its jobs.
+fn start(
+    shared: &Shared,
+    body: &[u8],
+) -> std::result::Result<(Completion, Vec<Pending>), ApiError> {
+    let request = api::parse(body, shared.limits)?;
+    if let Some(name) = &request.model
+        && name != &shared.model
+    {
+        return Err(ApiError::invalid(
+            "model",
+            format!(
+                "no model named {name:?}: this server serves {:?}",
+                shared.model
+            ),
+        ));
+    }
+    let mut choices = Vec::new();
+    let base_seed = request.seed.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+    });
+    for (p, prompt) in request.prompts.iter().enumerate() {
+        let tokens = data::encode(&shared.tokenizer, prompt).map_err(|e| {
+            ApiError::invalid("prompt", format!("the prompt cannot be encoded: {e}"))
+        })?;
+        if tokens.is_empty() {
+            return Err(ApiError::invalid(
+                "prompt",
+                "the prompt must encode to at least one token",
+            ));
+        }
+        if tokens.len() + request.max_tokens > shared.context {
+            return Err(ApiError::invalid(
+                "prompt",
+                format!(
+                    "this model's context is {} tokens, but {} were requested ({} in the prompt, {} for the completion)",
+                    shared.context,
+                    tokens.len() + request.max_tokens,
+                    tokens.len(),
+                    request.max_tokens
+                ),
+            ));
+        }
+        for i in 0..request.n {
+            choices.push(Choice {
+                index: p * request.n + i,
+                prompt: prompt.clone(),
+                tokens: tokens.clone(),
+                seed: base_seed.wrapping_add(i as u64),
+            });
+        }
+    }
+    let mut pending = Vec::new();
+    for choice in choices {
+        let scores = if request.echo && request.logprobs.is_some() {
+            let (events, receiver) = unbounded_channel();
+            let work = Work::Score {
+                tokens: choice.tokens.clone(),
+                top: request.logprobs.unwrap_or(0),
+            };
+            submit(shared, Job { work, events })?;
+            Some(receiver)
+        } else {
+            None
+        };
+        let tokens = if request.max_tokens > 0 {
+            let (events, receiver) = unbounded_channel();
+            let sampling = Sampling {
+                max_new_tokens: request.max_tokens,
+                temperature: request.temperature,
+                top_k: request.top_k,
+                top_p: (request.top_p < 1.0).then_some(request.top_p),
+                seed: choice.seed,
+                stop_tokens: if request.ignore_eos {
+                    Vec::new()
+                } else {
+                    shared.end_of_text.into_iter().collect()
+                },
+            };
+            let work = Work::Generate(Request {
+                id: 0,
+                prompt: choice.tokens.clone(),
+                sampling,
+                top_logprobs: request.logprobs.unwrap_or(0),
+            });
+            submit(shared, Job { work, events })?;
+            Some(receiver)
+        } else {
+            None
+        };
+        pending.push(Pending {
+            choice,
+            scores,
+            tokens,
+        });
+    }
+    Ok((request, pending))
+}
+
+fn submit(shared: &Shared, job: Job) -> std::result::Result<(), ApiError> {
+    shared.engine.submit(job).map_err(|e| match e {
+        Refused::Full => ApiError::status(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too many requests are waiting (the server's --queue limit); retry later",
+        ),
+        Refused::Stopped => {
+            ApiError::status(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
+        }
+    })
+}
+
+/// A choice's text and log-probabilities as they are built.
+struct ChoiceText<'t> {
+    text: crate::sample::ContinuationText<'t>,
+    /// `tokens`, `token_logprobs`, `top_logprobs`, `text_offset` of the OpenAI `logprobs` object.
+    tokens: Vec<String>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<usize>,
+    /// Characters of text before the continuation (the prompt when echoed).
+    offset: usize,
+    generated: usize,
+}
+
+impl<'t> ChoiceText<'t> {
+    fn new(tokenizer: &'t Tokenizer, stops: &[String]) -> Self {
+        Self {
+            text: crate::sample::ContinuationText::new(tokenizer, stops),
+            tokens: Vec::new(),
+            token_logprobs: Vec::new(),
+            top_logprobs: Vec::new(),
+            text_offset: Vec::new(),
+            offset: 0,
+            generated: 0,
+        }
+    }
+
+    /// One token's entry of the `logprobs` object; `logprob` `None` for the first prompt token.
+    fn record(
+        &mut self,
+        tokenizer: &Tokenizer,
+        token: u32,
+        logprob: Option<f32>,
+        top: &[(u32, f32)],
+        at: usize,
+    ) {
+        let piece = |t: u32| data::decode(tokenizer, &[t]).unwrap_or_default();
+        self.tokens.push(piece(token));
+        self.token_logprobs
+            .push(logprob.map_or(Value::Null, |l| json!(l)));
+        self.top_logprobs.push(if logprob.is_none() {
+            Value::Null
+        } else {
+            let mut map = serde_json::Map::new();
+            for &(t, l) in top {
+                map.insert(piece(t), json!(l));
+            }
+            Value::Object(map)
+        });
+        self.text_offset.push(at);
+    }
+
+    fn logprobs(&self) -> Value {
+        json!({
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
+        })
+    }
+}
+
+/// Echo: the prompt's tokens with their scores (the first without one).
+fn echo_prompt(
+    shared: &Shared,
+    choice: &Choice,
+    scores: Option<Vec<Scored>>,
+    out: &mut ChoiceText<'_>,
+    with_logprobs: bool,
+) {
+    if !with_logprobs {
+        out.offset = choice.prompt.chars().count();
+        return;
+    }
+    let scores = scores.unwrap_or_default();
+    let mut at = 0;
+    for (i, &token) in choice.tokens.iter().enumerate() {
+        let (logprob, top) = match i.checked_sub(1).and_then(|j| scores.get(j)) {
+            Some((l, top)) => (Some(*l), top.as_slice()),
+            None => (None, &[][..]),
+        };
+        out.record(&shared.tokenizer, token, logprob, top, at);
+        at += data::decode(&shared.tokenizer, &[token]).map_or(0, |s| s.chars().count());
+    }
+    out.offset = choice.prompt.chars().count();
+}
+
+fn finish_reason(finish: Option<Finish>, stopped: bool) -> &'static str {
+    if stopped {
+        return "stop";
+    }
+    match finish {
+        Some(Finish::Stop) => "stop",
+        Some(Finish::Length) | None => "length",
+    }
+}
+
+/// Waits for a job's scores.
+async fn scores_of(
+    receiver: Option<UnboundedReceiver<Event>>,
+) -> std::result::Result<Option<Vec<Scored>>, ApiError> {
+    let Some(mut receiver) = receiver else {
+        return Ok(None);
+    };
+    match receiver.recv().await {
+        Some(Event::Scores(s)) => Ok(Some(s)),
+        Some(Event::Failed(e)) => Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e)),
+        _ => Err(ApiError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is stopping",
+        )),
+    }
+}
+
+/// The whole answer at once.
+async fn complete_response(
+    shared: &Shared,
+    request: &Completion,
+    pending: Vec<Pending>,
+    started: Instant,
+) -> Response {
+    let mut choices = Vec::new();
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    let mut first_token: Option<f64> = None;
+    for p in pending {
+        prompt_tokens += p.choice.tokens.len();
+        let mut out = ChoiceText::new(&shared.tokenizer, &request.stop);
+        let scores = match scores_of(p.scores).await {
+            Ok(s) => s,
+            Err(e) => return error_response(&e),
+        };
+        if request.echo {
+            echo_prompt(
+                shared,
+                &p.choice,
+                scores,
+                &mut out,
+                request.logprobs.is_some(),
+            );
+        }
+        let mut finish = None;
+        let mut stopped = false;
+        if let Some(mut receiver) = p.tokens {
+            while let Some(event) = receiver.recv().await {
+                match event {
+                    Event::Token {
+                        token,
+                        logprob,
+                        top,
+                    } => {
+                        first_token.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                        out.generated += 1;
+                        let before = out.text.text().chars().count();
+                        let (_, stop) = match out.text.push(token) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                return error_response(&ApiError::status(
+                                    StatusCode::INTERNAL_SERVER_ERROR,
+                                    e.to_string(),
+                                ));
+                            }
+                        };
+                        if stop {
+                            stopped = true;
+                            break; // dropping the receiver ends the sequence
+                        }
+                        if request.logprobs.is_some() {
+                            let at = out.offset + before;
+                            out.record(&shared.tokenizer, token, Some(logprob), &top, at);
+                        }
+                    }
+                    Event::Done(why) => {
+                        finish = Some(why);
+                        break;
+                    }
+                    Event::Failed(e) => {
+                        return error_response(&ApiError::status(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            e,
+                        ));
+                    }
+                    Event::Scores(_) => {}
+                }
+            }
+        }
+        completion_tokens += out.generated;
+        let continuation = out.text.text().to_string();
+        let text = if request.echo {
+            format!("{}{continuation}", p.choice.prompt)
+        } else {
+            continuation
+        };
+        choices.push(json!({
+            "text": text,
+            "index": p.choice.index,
+            "logprobs": if request.logprobs.is_some() { out.logprobs() } else { Value::Null },
+            "finish_reason": finish_reason(finish, stopped),
+        }));
+    }
+    log_request(
+        prompt_tokens,
+        completion_tokens,
+        first_token,
+        started,
+        false,
+    );
+    axum::Json(json!({
+        "id": completion_id(),
+        "object": "text_completion",
+        "created": unix_now(),
+        "model": shared.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }))
+    .into_response()
+}
+
+fn completion_id() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("cmpl-{nanos:x}")
+}
+
+fn log_request(
+    prompt: usize,
+    completion: usize,
+    first: Option<f64>,
+    started: Instant,
+    stream: bool,
+) {
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(
+        prompt_tokens = prompt,
+        completion_tokens = completion,
+        ttft_ms = first.map_or(0.0, |s| (s * 1e4).round() / 10.0),
+        tokens_per_s = ((completion as f64 / seconds.max(1e-9)) * 10.0).round() / 10.0,
+        seconds = (seconds * 1e3).round() / 1e3,
+        stream,
+        "completion"
+    );
+}
+
+/// The answer as server-sent events: one chunk per piece of text, a last chunk per choice with
+/// its `finish_reason`, then `[DONE]`. Choices are streamed one after another.
+fn stream_response(
+    shared: Arc<Shared>,
+    request: Completion,
+    pending: Vec<Pending>,
+    started: Instant,
+) -> Response {
+    let (sender, receiver) =
+        unbounded_channel::<std::result::Result<SseEvent, std::convert::Infallible>>();
+    tokio::spawn(async move {
+        let id = completion_id();
+        let created = unix_now();
+        let chunk = |index: usize, text: &str, logprobs: Value, finish: Value| {
+            let body = json!({
+                "id": id,
+                "object": "text_completion",
+                "created": created,
+                "model": shared.model,
+                "choices": [{"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}],
+            });
+            Ok(SseEvent::default().data(body.to_string()))
+        };
+        let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+        let mut first_token = None;
+        'choices: for p in pending {
+            prompt_tokens += p.choice.tokens.len();
+            let mut out = ChoiceText::new(&shared.tokenizer, &request.stop);
+            let scores = match scores_of(p.scores).await {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = sender.send(Ok(SseEvent::default().data(e.body().to_string())));
+                    break;
+                }
+            };
+            if request.echo {
+                echo_prompt(
+                    &shared,
+                    &p.choice,
+                    scores,
+                    &mut out,
+                    request.logprobs.is_some(),
+                );
+                let logprobs = if request.logprobs.is_some() {
+                    out.logprobs()
+                } else {
+                    Value::Null
+                };
+                if sender
+                    .send(chunk(
+                        p.choice.index,
+                        &p.choice.prompt,
+                        logprobs,
+                        Value::Null,
+                    ))
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            let mut finish = None;
+            let mut stopped = false;
+            if let Some(mut receiver) = p.tokens {
+                while let Some(event) = receiver.recv().await {
+                    match event {
+                        Event::Token {
+                            token,
+                            logprob,
+                            top,
+                        } => {
+                            first_token.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                            out.generated += 1;
+                            let before = out.text.text().chars().count();
+                            let Ok((piece, stop)) = out.text.push(token) else {
+                                break 'choices;
+                            };
+                            let logprobs = if request.logprobs.is_some() {
+                                let mut one = ChoiceText::new(&shared.tokenizer, &[]);
+                                one.record(
+                                    &shared.tokenizer,
+                                    token,
+                                    Some(logprob),
+                                    &top,
+                                    out.offset + before,
+                                );
+                                one.logprobs()
+                            } else {
+                                Value::Null
+                            };
+                            if stop {
+                                stopped = true;
+                                if !piece.is_empty()
+                                    && sender
+                                        .send(chunk(
+                                            p.choice.index,
+                                            &piece,
+                                            Value::Null,
+                                            Value::Null,
+                                        ))
+                                        .is_err()
+                                {
+                                    break 'choices;
+                                }
+                                break;
+                            }
+                            if (!piece.is_empty() || request.logprobs.is_some())
+                                && sender
+                                    .send(chunk(p.choice.index, &piece, logprobs, Value::Null))
+                                    .is_err()
+                            {
+                                break 'choices; // the client went away: dropping the receiver ends the sequence
+                            }
+                        }
+                        Event::Done(why) => {
+                            finish = Some(why);
+                            break;
+                        }
+                        Event::Failed(e) => {
+                            let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e);
+                            let _ = sender.send(Ok(SseEvent::default().data(e.body().to_string())));
+                            break 'choices;
+                        }
+                        Event::Scores(_) => {}
+                    }
+                }
+            }
+            completion_tokens += out.generated;
+            let rest = out.text.finish();
+            let reason = finish_reason(finish, stopped);
+            if sender
+                .send(chunk(p.choice.index, &rest, Value::Null, json!(reason)))
+                .is_err()
+            {
+                break;
+            }
+        }
+        let _ = sender.send(Ok(SseEvent::default().data("[DONE]")));
+        log_request(prompt_tokens, completion_tokens, first_token, started, true);
+    });
+    let stream = tokio_stream(receiver);
+    Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// A receiver as a stream of events.
+fn tokio_stream<T: Send + 'static>(
+    mut receiver: UnboundedReceiver<T>,
+) -> impl futures_util::Stream<Item = T> + Send {
+    futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+}
