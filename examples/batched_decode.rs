@@ -65,7 +65,7 @@ fn round(
                     seed: seed + i as u64,
                     stop_tokens: Vec::new(),
                 },
-                top_logprobs: 0,
+                logprobs: None,
             }
         })
         .collect();

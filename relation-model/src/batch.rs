@@ -31,8 +31,9 @@ pub struct Request {
     pub prompt: Vec<u32>,
     /// How its tokens are drawn (its own seed, stop tokens and length).
     pub sampling: Sampling,
-    /// How many of the most likely alternatives to report with each token (0: none).
-    pub top_logprobs: usize,
+    /// Log-probabilities to report with each token: `None` for none (nothing computed),
+    /// `Some(k)` for the token's own and the `k` most likely alternatives'.
+    pub logprobs: Option<usize>,
 }
 
 /// One drawn token.
@@ -43,9 +44,10 @@ pub struct Drawn {
     /// The token.
     pub token: u32,
     /// Its log-probability under the model (the softmax of the logits at temperature 1, before
-    /// any top-k / top-p cut).
-    pub logprob: f32,
-    /// The `top_logprobs` most likely tokens and their log-probabilities, most likely first.
+    /// any top-k / top-p cut), if the request asked for log-probabilities.
+    pub logprob: Option<f32>,
+    /// The `k` most likely tokens of [`Request::logprobs`] and their log-probabilities, most
+    /// likely first.
     pub top: Vec<(u32, f32)>,
     /// How many tokens the request has drawn, this one included.
     pub index: usize,
@@ -247,7 +249,13 @@ impl<'m> DecodeBatch<'m> {
                 done.push((row.request.id, Finish::Stop));
                 continue;
             }
-            let (logprob, top) = log_probs(&row.logits, token, row.request.top_logprobs);
+            let (logprob, top) = match row.request.logprobs {
+                Some(k) => {
+                    let (logprob, top) = log_probs(&row.logits, token, k);
+                    (Some(logprob), top)
+                }
+                None => (None, Vec::new()),
+            };
             let drawn = Drawn {
                 id: row.request.id,
                 token,

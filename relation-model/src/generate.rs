@@ -60,6 +60,10 @@ impl Sampling {
     }
 
     /// Draws one token from a row of logits.
+    ///
+    /// With a top-k or top-p cut the kept tokens are ordered most likely first and the draw
+    /// walks them in that order; without one it walks every token in id order (no sort: a draw
+    /// costs one pass over the vocabulary).
     pub fn draw(&self, logits: &[f32], rng: &mut SplitMix64) -> u32 {
         let argmax = || {
             logits
@@ -70,20 +74,37 @@ impl Sampling {
         if self.temperature == 0.0 {
             return argmax();
         }
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        order.truncate(self.top_k.unwrap_or(order.len()).min(order.len()));
-        let top = logits[order[0]] as f64;
+        let descending = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
+        let order: Vec<usize> = match (self.top_k, self.top_p) {
+            (None, None) => (0..logits.len()).collect(),
+            (Some(k), None) if k < logits.len() => {
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.select_nth_unstable_by(k - 1, descending);
+                order.truncate(k);
+                order.sort_unstable_by(descending);
+                order
+            }
+            (k, _) => {
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.sort_unstable_by(descending);
+                order.truncate(k.unwrap_or(order.len()).min(order.len()));
+                order
+            }
+        };
+        let top = order
+            .iter()
+            .map(|&i| logits[i])
+            .fold(f32::NEG_INFINITY, f32::max) as f64;
         let mut probs: Vec<f64> = order
             .iter()
             .map(|&i| ((logits[i] as f64 - top) / self.temperature).exp())
             .collect();
-        let total: f64 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= total);
+        let mut order = order;
         if let Some(p) = self.top_p {
+            let total: f64 = probs.iter().sum();
             let mut mass = 0.0;
             let keep = probs.iter().position(|&q| {
-                mass += q;
+                mass += q / total;
                 mass >= p
             });
             let keep = keep.map_or(probs.len(), |k| k + 1);
@@ -223,7 +244,7 @@ impl RelationLm {
                     seed: sampling.seed.wrapping_add(i as u64),
                     ..sampling.clone()
                 },
-                top_logprobs: 0,
+                logprobs: None,
             })
             .collect();
         for request in &requests {

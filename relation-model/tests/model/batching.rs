@@ -138,7 +138,7 @@ fn a_decode_batch_reports_tokens_logprobs_and_endings() {
             temperature: 0.0,
             ..Sampling::default()
         },
-        top_logprobs: 3,
+        logprobs: Some(3),
     };
     let mut batch = DecodeBatch::new(&lm, 2);
     batch
@@ -200,7 +200,7 @@ fn a_decode_batch_reports_tokens_logprobs_and_endings() {
         (first.id, first.index, first.token as usize),
         (10, 1, order[0])
     );
-    assert!((first.logprob as f64 - (logits[order[0]] as f64 - log_z)).abs() < 1e-5);
+    assert!((first.logprob.unwrap() as f64 - (logits[order[0]] as f64 - log_z)).abs() < 1e-5);
     let top: Vec<u32> = first.top.iter().map(|&(t, _)| t).collect();
     assert_eq!(
         top,

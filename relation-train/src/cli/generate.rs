@@ -227,7 +227,7 @@ fn generate_each_line(args: &GenerateArgs) -> Result<()> {
                 seed: args.seed.wrapping_add(i as u64),
                 stop_tokens: stop_tokens.clone(),
             },
-            top_logprobs: 0,
+            logprobs: None,
         });
     }
     for request in &requests {

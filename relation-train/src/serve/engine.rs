@@ -40,8 +40,8 @@ pub enum Event {
     Token {
         /// The token.
         token: u32,
-        /// Its log-probability under the model.
-        logprob: f32,
+        /// Its log-probability under the model, if the request asked for it.
+        logprob: Option<f32>,
         /// The most likely alternatives, most likely first.
         top: Vec<(u32, f32)>,
     },

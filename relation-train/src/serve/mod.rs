@@ -350,7 +350,7 @@ fn start(
                 id: 0,
                 prompt: choice.tokens.clone(),
                 sampling,
-                top_logprobs: request.logprobs.unwrap_or(0),
+                logprobs: request.logprobs,
             });
             submit(shared, Job { work, events })?;
             Some(receiver)
@@ -545,7 +545,7 @@ async fn complete_response(
                         }
                         if request.logprobs.is_some() {
                             let at = out.offset + before;
-                            out.record(&shared.tokenizer, token, Some(logprob), &top, at);
+                            out.record(&shared.tokenizer, token, logprob, &top, at);
                         }
                     }
                     Event::Done(why) => {
@@ -705,7 +705,7 @@ fn stream_response(
                                 one.record(
                                     &shared.tokenizer,
                                     token,
-                                    Some(logprob),
+                                    logprob,
                                     &top,
                                     out.offset + before,
                                 );

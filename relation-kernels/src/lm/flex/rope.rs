@@ -32,10 +32,20 @@ pub(crate) fn rope(
     // segment, so its table is as long as its longest segment, not the row), [P, D/2] each,
     // rounded to f32 as the reference's upload rounds them; `at[row]` indexes it.
     let rows = positions.rows(b, t); // position of each of the B·T tokens
-    let first_pos = rows.iter().copied().min().unwrap_or(0);
-    let last_pos = rows.iter().copied().max().unwrap_or(0);
-    let at: Vec<usize> = rows.iter().map(|&p| p - first_pos).collect();
-    let (cos, sin) = relation_core::rope::rope_angles_at(first_pos..last_pos + 1, d, base);
+    // One table row per distinct position (sequences decoded together sit far apart: a table
+    // spanning the lowest to the highest would cost angles for every position in between).
+    let mut distinct = rows.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let at: Vec<usize> = rows
+        .iter()
+        .map(|p| {
+            distinct
+                .binary_search(p)
+                .expect("every position is in the table")
+        })
+        .collect();
+    let (cos, sin) = relation_core::rope::rope_angles_at(distinct.iter().copied(), d, base);
     let cos: Vec<f32> = cos.iter().map(|&c| c as f32).collect();
     let sin: Vec<f32> = sin.iter().map(|&s| s as f32).collect();
     let token = h * d;
