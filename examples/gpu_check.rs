@@ -8,6 +8,7 @@
 //! ```text
 //! gpu_check flash    [flash_relation_bench flags]     FlashRelation vs materialized vs attention
 //! gpu_check linear   [linear_relation_bench flags]    Linear Relation scaling
+//! gpu_check decode   [--patterns --contexts --streams] decoding steps of the 3.7M model's widths
 //! gpu_check relation [relation flags]                 the trainer (`relation train ...`, etc.)
 //! gpu_check summary  --dir OUT --devices vulkan,cuda  check every promised table and log, and
 //!                    [--dtypes f32,f16,bf16]          write OUT/summary.md with the paper's anchors
@@ -20,7 +21,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
-use relation_examples::bench::{flash, linear};
+use relation_examples::bench::{decode, flash, linear};
 use relation_examples::counting::Counting;
 
 #[global_allocator]
@@ -40,6 +41,9 @@ enum Command {
     Flash(flash::Args),
     /// Linear Relation chunked vs recurrent vs FlashRelation (`linear_relation_bench`).
     Linear(linear::Args),
+    /// Decoding steps: one sequence and a ragged batch per pattern and context, and the Linear
+    /// Relation layer's own step.
+    Decode(decode::Args),
     /// The `relation` command line (train, evaluate, generate, ...), unchanged.
     Relation {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
@@ -66,6 +70,7 @@ fn main() {
     match Cli::parse().command {
         Command::Flash(args) => flash::run(&args),
         Command::Linear(args) => linear::run(&args),
+        Command::Decode(args) => decode::run(&args),
         Command::Relation { args } => {
             let cli = <relation_train::cli::Cli as Parser>::parse_from(
                 std::iter::once("relation".to_string()).chain(args),
@@ -310,7 +315,33 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
         }
     }
 
-    // 4. The trainer: Relation vs attention tokens/s on the same device and shape.
+    // 4. Decoding: the table parses; the Linear Relation layer's step time.
+    md += "\n## Decoding (3.7M widths)\n\n";
+    for device in &args.devices {
+        let name = format!("decode_{device}.md");
+        let Some(text) = read(dir, &name, &mut problems) else {
+            continue;
+        };
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| pattern"))
+            .collect();
+        if let Some(failed) = rows.iter().find(|l| l.contains("failed")) {
+            problems.push(format!("{name}: {failed}"));
+        }
+        let layer = text.lines().find(|l| l.starts_with("L layer step"));
+        match (rows.is_empty(), layer) {
+            (false, Some(layer)) => {
+                let _ = writeln!(md, "- {device}: {} rows; {layer}", rows.len());
+                for row in rows.iter().filter(|r| r.starts_with("| LLLF |")) {
+                    let _ = writeln!(md, "  {row}");
+                }
+            }
+            _ => problems.push(format!("{name}: no table rows or no `L layer step` line")),
+        }
+    }
+
+    // 5. The trainer: Relation vs attention tokens/s on the same device and shape.
     md += "\n## Training, Relation vs MHA (same backbone)\n\n";
     let _ = writeln!(md, "Paper: {ANCHOR_TRAINING_VS_ATTENTION}.\n");
     md += "| device | Relation tokens/s | MHA tokens/s | Relation / MHA |\n|---|---|---|---|\n";

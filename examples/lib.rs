@@ -5,6 +5,7 @@
 
 /// The kernel benchmarks behind `flash_relation_bench`, `linear_relation_bench` and `gpu_check`.
 pub mod bench {
+    pub mod decode;
     pub mod flash;
     pub mod linear;
 }

@@ -4,7 +4,7 @@
 # table and log it promises is there and parses (`gpu_check summary`, which also writes
 # $OUT/summary.md with the paper's anchors beside our ratios). Exit status: that check's.
 #
-#   OUT=/path/to/results bash scripts/gpu/run.sh       # the real check: at most ~9.5 minutes
+#   OUT=/path/to/results bash scripts/gpu/run.sh       # the real check: at most ~10 minutes
 #   OUT=/tmp/rehearsal bash scripts/gpu/run.sh --rehearse
 #
 # `--rehearse` runs every step of the real check, from the same bundle layout, on the wgpu
@@ -59,15 +59,17 @@ if [ "$rehearse" = 1 ]; then
   linear=(--seqs 64,128 --max-flash 128 --heads 2 --head-dim 32 --iters 1 --chunk 16); t_linear=300
   train=(--d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 64 --batch-size 2
     --tokens-per-step 128 --steps 4 --log-every 1 --eval-tokens 256); t_train=300
+  decode=(--patterns LLLF --contexts 64 --streams 2 --steps 2); t_decode=300
 else
   # Four test threads: on one (an H200, 16 cores) the suite ran past 150 s; on four it took 98 s.
-  kernel_filter=""; t_kernels=200; kernel_threads=4
+  kernel_filter=""; t_kernels=160; kernel_threads=4
   flash=(--seqs 512,1024,2048,4096,8192,16384 --batch 1 --heads 8 --head-dim 64 --iters 5
     --max-materialized 8192); t_flash=25
   linear=(--seqs 1024,2048,4096,8192,16384,32768,65536 --max-flash 16384 --iters 3 --chunk 64)
   t_linear=45
   train=(--seq-len 1024 --batch-size 8 --tokens-per-step 8192 --steps 40 --log-every 5
     --eval-tokens 8192); t_train=25
+  decode=(--patterns L,LLLF,F --contexts 1024,10240 --streams 16 --steps 16); t_decode=30
 fi
 
 # 1. Kernel tests: every test on every device compiled in (Flex, the Vulkan device, CUDA, and in
@@ -87,6 +89,11 @@ for dev in $devices; do
   timeout "$t_linear" "$bin/gpu_check" linear --device "$dev" "${linear[@]}" \
     --out "$OUT/linear_relation_$dev.md" > "$OUT/bench-linear-$dev.log" 2>&1
   echo "linear $dev exit $?"
+  # 3b. Decoding steps of the 3.7M widths: one sequence and 16 of different lengths; the Linear
+  #     Relation layer's step.
+  timeout "$t_decode" "$bin/gpu_check" decode --device "$dev" \
+    "${decode[@]}" --out "$OUT/decode_$dev.md" > "$OUT/bench-decode-$dev.log" 2>&1
+  echo "decode $dev exit $?"
   # 4. The trainer, Relation and MHA on the same backbone (the paper's 10M shape, T 1024),
   #    bf16 where the device computes in it.
   precision=f32

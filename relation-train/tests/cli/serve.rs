@@ -392,7 +392,7 @@ fn bad_requests_get_their_status_and_the_server_goes_on() {
     let run = sat_run(tmp.path());
     let server = Server::start(
         &run,
-        &["--max-batch", "1", "--queue", "1", "--max-context", "600"],
+        &["--max-batch", "1", "--queue", "1", "--max-context", "4096"],
     );
     let refused = |status: u16, body: &str, needle: &str| {
         assert_eq!(
@@ -420,24 +420,25 @@ fn bad_requests_get_their_status_and_the_server_goes_on() {
         r#"{"prompt": "the owl", "model": "other"}"#,
         "no model named \"other\"",
     );
-    let long = "the cat sat on the mat. ".repeat(120);
+    let long = "the cat sat on the mat. ".repeat(800);
     refused(
         400,
         &json!({"prompt": long}).to_string(),
-        "this model's context is 600 tokens",
+        "this model's context is 4096 tokens",
     );
     refused(
         400,
-        &json!({"prompt": "the owl", "max_tokens": 700}).to_string(),
-        "this model's context is 600 tokens",
+        &json!({"prompt": "the owl", "max_tokens": 5000}).to_string(),
+        "this model's context is 4096 tokens",
     );
     let (status, _) = server.call("GET", "/nowhere", "");
     assert_eq!(status, 404);
     let (status, _) = server.call("GET", "/v1/completions", "");
     assert_eq!(status, 405);
 
-    // The queue: one sequence decoding (--max-batch 1), one waiting (--queue 1), the next 429.
-    let long_request = json!({"prompt": "the", "max_tokens": 590, "temperature": 1.0, "ignore_eos": true, "stream": true, "seed": 1});
+    // The queue: one sequence decoding (--max-batch 1), one waiting (--queue 1); of six more
+    // requests sent together while the first decodes, one at most is queued and the rest get 429.
+    let long_request = json!({"prompt": "the", "max_tokens": 4000, "temperature": 1.0, "ignore_eos": true, "stream": true, "seed": 1});
     let mut first = server.send("POST", "/v1/completions", &long_request.to_string());
     let mut seen = String::new();
     let mut buffer = [0u8; 4096];
@@ -446,24 +447,37 @@ fn bad_requests_get_their_status_and_the_server_goes_on() {
         assert!(n > 0, "the stream ended early: {seen}");
         seen.push_str(&String::from_utf8_lossy(&buffer[..n]));
     }
-    let second = server.send("POST", "/v1/completions", &long_request.to_string());
-    let mut statuses = Vec::new();
-    for _ in 0..50 {
-        let (status, _) = server.call("POST", "/v1/completions", &long_request.to_string());
-        statuses.push(status);
-        if status == 429 {
-            break;
+    let short = json!({"prompt": "the", "max_tokens": 8, "temperature": 0});
+    let others: Vec<TcpStream> = (0..6)
+        .map(|_| server.send("POST", "/v1/completions", &short.to_string()))
+        .collect();
+    let answers: Vec<(u16, String)> = others
+        .into_iter()
+        .map(|mut stream| {
+            let mut raw = Vec::new();
+            stream.read_to_end(&mut raw).unwrap();
+            response(&raw)
+        })
+        .collect();
+    let statuses: Vec<u16> = answers.iter().map(|a| a.0).collect();
+    assert!(
+        statuses.iter().all(|&s| s == 200 || s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().filter(|&&s| s == 200).count() <= 1,
+        "{statuses:?}"
+    );
+    for (status, body) in &answers {
+        if *status == 429 {
+            assert!(body.contains("--queue"), "{body}");
         }
     }
-    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
-    // Every request taken finishes; the server still answers afterwards.
-    for mut stream in [first, second] {
-        let mut rest = Vec::new();
-        stream.read_to_end(&mut rest).unwrap();
-        seen.push_str(&String::from_utf8_lossy(&rest));
-        assert!(seen.contains("data: [DONE]"), "{seen}");
-        seen.clear();
-    }
+    // The first request was not disturbed: it runs to its end.
+    let mut rest = Vec::new();
+    first.read_to_end(&mut rest).unwrap();
+    seen.push_str(&String::from_utf8_lossy(&rest));
+    assert!(seen.contains("data: [DONE]") && seen.contains(r#""finish_reason":"length""#));
     let (status, a) = server.post(&completion("the owl", 20));
     assert_eq!(
         (status, &a["choices"][0]["text"]),
