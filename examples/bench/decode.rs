@@ -1,6 +1,6 @@
 //! Decoding on a device: the time of one decoding step of the 3.7M model's widths (d 256, H 8,
 //! d_ff 512, 4 layers, vocab 4096, random weights) for each pattern and context, with one
-//! sequence and with a batch of sequences of different lengths (a [`DecodeBatch`]-style ragged
+//! sequence and with a batch of sequences of different lengths (a [`relation_model::DecodeBatch`]-style ragged
 //! cache), and the Linear Relation layer's own step.
 //!
 //! ```text

@@ -137,14 +137,7 @@ pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
     let stop_tokens: Vec<u32> = run.tokenizer.token_to_id(data::EOT).into_iter().collect();
     let mut out = std::io::stdout().lock();
     for i in 0..args.samples {
-        let sampling = Sampling {
-            max_new_tokens: args.max_new_tokens,
-            temperature: args.temperature,
-            top_k: (args.top_k > 0).then_some(args.top_k),
-            top_p: (args.top_p < 1.0).then_some(args.top_p),
-            seed: args.seed.wrapping_add(i as u64),
-            stop_tokens: stop_tokens.clone(),
-        };
+        let sampling = sampling(args, i, &stop_tokens);
         write!(out, "{shown}").map_err(io("standard output"))?;
         out.flush().map_err(io("standard output"))?;
         stream_continuation(&run, &prompt, &sampling, &args.stop, &mut |piece| {
@@ -157,6 +150,18 @@ pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The sampling flags, with seed `--seed + i` (sample or line `i`).
+fn sampling(args: &GenerateArgs, i: usize, stop_tokens: &[u32]) -> Sampling {
+    Sampling {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_k: (args.top_k > 0).then_some(args.top_k),
+        top_p: (args.top_p < 1.0).then_some(args.top_p),
+        seed: args.seed.wrapping_add(i as u64),
+        stop_tokens: stop_tokens.to_vec(),
+    }
 }
 
 fn check_top_p(args: &GenerateArgs) -> Result<()> {
@@ -219,14 +224,7 @@ fn generate_each_line(args: &GenerateArgs) -> Result<()> {
         requests.push(Request {
             id: i as u64,
             prompt,
-            sampling: Sampling {
-                max_new_tokens: args.max_new_tokens,
-                temperature: args.temperature,
-                top_k: (args.top_k > 0).then_some(args.top_k),
-                top_p: (args.top_p < 1.0).then_some(args.top_p),
-                seed: args.seed.wrapping_add(i as u64),
-                stop_tokens: stop_tokens.clone(),
-            },
+            sampling: sampling(args, i, &stop_tokens),
             logprobs: None,
         });
     }

@@ -429,6 +429,17 @@ impl<'t> ChoiceText<'t> {
         self.text_offset.push(at);
     }
 
+    /// The `logprobs` object of the last token recorded alone (a streamed chunk's).
+    fn last_logprobs(&self) -> Value {
+        let last = |v: &[Value]| v.last().cloned().map_or(vec![], |x| vec![x]);
+        json!({
+            "tokens": self.tokens.last().map_or(vec![], |t| vec![t.clone()]),
+            "token_logprobs": last(&self.token_logprobs),
+            "top_logprobs": last(&self.top_logprobs),
+            "text_offset": self.text_offset.last().map_or(vec![], |&o| vec![o]),
+        })
+    }
+
     fn logprobs(&self) -> Value {
         json!({
             "tokens": self.tokens,
@@ -491,6 +502,75 @@ async fn scores_of(
     }
 }
 
+/// How a choice's generation ended.
+#[derive(Default)]
+struct Ended {
+    /// The engine's reason, if it gave one.
+    finish: Option<Finish>,
+    /// A stop string ended it.
+    stopped: bool,
+    /// The reader went away (a streaming client disconnected).
+    gone: bool,
+}
+
+/// Reads a choice's tokens until it ends: each goes into `out` (the text, and its
+/// log-probabilities when the request asks), and `on_piece(text that became final, this token's
+/// logprobs object or null)` is called for every token that adds text or has log-probabilities;
+/// `on_piece` returning `false` (the client went away) ends the choice. Returning ends the
+/// sequence in the engine too (its receiver is dropped).
+async fn read_tokens(
+    shared: &Shared,
+    request: &Completion,
+    receiver: &mut UnboundedReceiver<Event>,
+    out: &mut ChoiceText<'_>,
+    first_token: &mut Option<f64>,
+    started: Instant,
+    on_piece: &mut (dyn FnMut(&str, Value) -> bool + Send),
+) -> std::result::Result<Ended, ApiError> {
+    let ended = |finish, stopped, gone| Ended {
+        finish,
+        stopped,
+        gone,
+    };
+    while let Some(event) = receiver.recv().await {
+        match event {
+            Event::Token {
+                token,
+                logprob,
+                top,
+            } => {
+                first_token.get_or_insert_with(|| started.elapsed().as_secs_f64());
+                out.generated += 1;
+                let before = out.text.text().chars().count();
+                let (piece, stop) = out.text.push(token).map_err(|e| {
+                    ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
+                })?;
+                if stop {
+                    let gone = !piece.is_empty() && !on_piece(&piece, Value::Null);
+                    return Ok(ended(None, true, gone));
+                }
+                let logprobs = if request.logprobs.is_some() {
+                    let at = out.offset + before;
+                    out.record(&shared.tokenizer, token, logprob, &top, at);
+                    out.last_logprobs()
+                } else {
+                    Value::Null
+                };
+                if (!piece.is_empty() || request.logprobs.is_some()) && !on_piece(&piece, logprobs)
+                {
+                    return Ok(ended(None, false, true));
+                }
+            }
+            Event::Done(why) => return Ok(ended(Some(why), false, false)),
+            Event::Failed(e) => {
+                return Err(ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e));
+            }
+            Event::Scores(_) => {}
+        }
+    }
+    Ok(ended(None, false, false))
+}
+
 /// The whole answer at once.
 async fn complete_response(
     shared: &Shared,
@@ -517,50 +597,22 @@ async fn complete_response(
                 request.logprobs.is_some(),
             );
         }
-        let mut finish = None;
-        let mut stopped = false;
+        let mut ended = Ended::default();
         if let Some(mut receiver) = p.tokens {
-            while let Some(event) = receiver.recv().await {
-                match event {
-                    Event::Token {
-                        token,
-                        logprob,
-                        top,
-                    } => {
-                        first_token.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                        out.generated += 1;
-                        let before = out.text.text().chars().count();
-                        let (_, stop) = match out.text.push(token) {
-                            Ok(r) => r,
-                            Err(e) => {
-                                return error_response(&ApiError::status(
-                                    StatusCode::INTERNAL_SERVER_ERROR,
-                                    e.to_string(),
-                                ));
-                            }
-                        };
-                        if stop {
-                            stopped = true;
-                            break; // dropping the receiver ends the sequence
-                        }
-                        if request.logprobs.is_some() {
-                            let at = out.offset + before;
-                            out.record(&shared.tokenizer, token, logprob, &top, at);
-                        }
-                    }
-                    Event::Done(why) => {
-                        finish = Some(why);
-                        break;
-                    }
-                    Event::Failed(e) => {
-                        return error_response(&ApiError::status(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            e,
-                        ));
-                    }
-                    Event::Scores(_) => {}
-                }
-            }
+            let mut keep_all = |_: &str, _: Value| true;
+            let read = read_tokens(
+                shared,
+                request,
+                &mut receiver,
+                &mut out,
+                &mut first_token,
+                started,
+                &mut keep_all,
+            );
+            ended = match read.await {
+                Ok(ended) => ended,
+                Err(e) => return error_response(&e),
+            };
         }
         completion_tokens += out.generated;
         let continuation = out.text.text().to_string();
@@ -573,7 +625,7 @@ async fn complete_response(
             "text": text,
             "index": p.choice.index,
             "logprobs": if request.logprobs.is_some() { out.logprobs() } else { Value::Null },
-            "finish_reason": finish_reason(finish, stopped),
+            "finish_reason": finish_reason(ended.finish, ended.stopped),
         }));
     }
     log_request(
@@ -649,7 +701,7 @@ fn stream_response(
         };
         let (mut prompt_tokens, mut completion_tokens) = (0, 0);
         let mut first_token = None;
-        'choices: for p in pending {
+        for p in pending {
             prompt_tokens += p.choice.tokens.len();
             let mut out = ChoiceText::new(&shared.tokenizer, &request.stop);
             let scores = match scores_of(p.scores).await {
@@ -684,75 +736,35 @@ fn stream_response(
                     break;
                 }
             }
-            let mut finish = None;
-            let mut stopped = false;
+            let mut ended = Ended::default();
             if let Some(mut receiver) = p.tokens {
-                while let Some(event) = receiver.recv().await {
-                    match event {
-                        Event::Token {
-                            token,
-                            logprob,
-                            top,
-                        } => {
-                            first_token.get_or_insert_with(|| started.elapsed().as_secs_f64());
-                            out.generated += 1;
-                            let before = out.text.text().chars().count();
-                            let Ok((piece, stop)) = out.text.push(token) else {
-                                break 'choices;
-                            };
-                            let logprobs = if request.logprobs.is_some() {
-                                let mut one = ChoiceText::new(&shared.tokenizer, &[]);
-                                one.record(
-                                    &shared.tokenizer,
-                                    token,
-                                    logprob,
-                                    &top,
-                                    out.offset + before,
-                                );
-                                one.logprobs()
-                            } else {
-                                Value::Null
-                            };
-                            if stop {
-                                stopped = true;
-                                if !piece.is_empty()
-                                    && sender
-                                        .send(chunk(
-                                            p.choice.index,
-                                            &piece,
-                                            Value::Null,
-                                            Value::Null,
-                                        ))
-                                        .is_err()
-                                {
-                                    break 'choices;
-                                }
-                                break;
-                            }
-                            if (!piece.is_empty() || request.logprobs.is_some())
-                                && sender
-                                    .send(chunk(p.choice.index, &piece, logprobs, Value::Null))
-                                    .is_err()
-                            {
-                                break 'choices; // the client went away: dropping the receiver ends the sequence
-                            }
-                        }
-                        Event::Done(why) => {
-                            finish = Some(why);
-                            break;
-                        }
-                        Event::Failed(e) => {
-                            let e = ApiError::status(StatusCode::INTERNAL_SERVER_ERROR, e);
-                            let _ = sender.send(Ok(SseEvent::default().data(e.body().to_string())));
-                            break 'choices;
-                        }
-                        Event::Scores(_) => {}
+                let index = p.choice.index;
+                let mut send = |piece: &str, logprobs: Value| {
+                    sender
+                        .send(chunk(index, piece, logprobs, Value::Null))
+                        .is_ok()
+                };
+                let read = read_tokens(
+                    &shared,
+                    &request,
+                    &mut receiver,
+                    &mut out,
+                    &mut first_token,
+                    started,
+                    &mut send,
+                );
+                match read.await {
+                    Ok(e) if e.gone => break, // the client went away
+                    Ok(e) => ended = e,
+                    Err(e) => {
+                        let _ = sender.send(Ok(SseEvent::default().data(e.body().to_string())));
+                        break;
                     }
                 }
             }
             completion_tokens += out.generated;
             let rest = out.text.finish();
-            let reason = finish_reason(finish, stopped);
+            let reason = finish_reason(ended.finish, ended.stopped);
             if sender
                 .send(chunk(p.choice.index, &rest, Value::Null, json!(reason)))
                 .is_err()

@@ -264,6 +264,28 @@ fn the_completions_api_answers_like_generate_and_eval() {
             .all(|c| c["choices"][0]["finish_reason"].is_null())
     );
 
+    // Streamed with log-probabilities: one chunk per token, each with its own entry, the same
+    // values as the answer at once.
+    let body = json!({"prompt": "the owl", "max_tokens": 20, "temperature": 0, "logprobs": 2});
+    let (_, whole) = server.post(&body);
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let (_, text) = server.call("POST", "/v1/completions", &streamed_body.to_string());
+    let payloads = events(&text);
+    let per_token: Vec<Value> = payloads[..payloads.len() - 1]
+        .iter()
+        .map(|p| serde_json::from_str::<Value>(p).unwrap()["choices"][0]["logprobs"].clone())
+        .filter(|l| !l.is_null())
+        .collect();
+    let want = &whole["choices"][0]["logprobs"];
+    assert_eq!(per_token.len(), want["tokens"].as_array().unwrap().len());
+    for (i, entry) in per_token.iter().enumerate() {
+        for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            assert_eq!(entry[key].as_array().unwrap().len(), 1, "{entry}");
+            assert_eq!(entry[key][0], want[key][i], "{key} of token {i}");
+        }
+    }
+
     // echo + logprobs + max_tokens 0 scores a text: equal to `relation eval --per-token`.
     let text = "the cat sat on the mat. the dog sat on the mat.";
     let file = tmp.path().join("text.txt");
