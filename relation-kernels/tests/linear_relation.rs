@@ -307,3 +307,83 @@ fn linear_relation_auto_on_flex_runs_the_kernel() {
     assert_close("flex Y", &auto.y, &expected.y, tol);
     assert_close("flex state", &auto.state, &expected.state, tol);
 }
+
+/// One decoding step (`T = 1`, nothing to differentiate: the one-launch kernel) against the
+/// token loop reference, from the same rounded inputs: awkward head dimensions, several
+/// sequences, strong and weak gates, outputs poisoned.
+fn check_one_step(device: &Device, dtype: DType) {
+    debug::poison_outputs(true);
+    let flex = Device::flex();
+    for (dims, seed, gate) in [
+        ([3, 1, 2, 48], 21, (-1.0, 0.0)),
+        ([1, 1, 4, 60], 22, (-6.0, -2.0)),
+        ([2, 1, 1, 80], 23, (-0.1, 0.0)),
+        ([1, 1, 8, 32], 24, (-1.0, 0.0)),
+    ] {
+        let c = case(dims, seed, gate, true, dtype);
+        let x = c.on(device, dtype, false);
+        let what = format!("{device:?} {dims:?} {dtype:?} one step");
+        let step = assert_path(&what, "fused", || {
+            let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+            let inputs =
+                LinearInputs::new(p1, p2, info, gates).with_state(x.state.clone().unwrap());
+            linear_relation_step(inputs, DEFAULT_TAU, Strategy::Fused).unwrap()
+        });
+        let r = c.on(&flex, DType::F32, false);
+        let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| r.inputs[i].clone());
+        let want =
+            naive_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, r.state.clone())
+                .unwrap();
+        let tol = tolerance(dtype, Check::Forward);
+        assert_close(&format!("{what}: Y"), &to_flex(step.y), &want.y, tol);
+        assert_close(
+            &format!("{what}: state"),
+            &to_flex(step.state),
+            &want.state,
+            tol,
+        );
+    }
+}
+
+device_tests! {
+    fn linear_relation_one_step_matches_the_reference_f32(device) {
+        check_one_step(&device, DType::F32);
+    }
+}
+
+device_tests! {
+    fn linear_relation_one_step_matches_the_reference_f16(device) {
+        assert!(device.supports_dtype(DType::F16), "this device has no f16 support");
+        check_one_step(&device, DType::F16);
+    }
+}
+
+bf16_device_tests! {
+    fn linear_relation_one_step_matches_the_reference_bf16(device) {
+        check_one_step(&device, DType::BF16);
+    }
+}
+
+/// A step whose inputs need gradients takes the differentiable fused path: the gradients exist
+/// and equal those of the reference.
+#[test]
+fn a_step_that_needs_gradients_is_differentiated() {
+    let device = Device::flex().autodiff();
+    let c = case([1, 1, 2, 48], 30, (-1.0, 0.0), true, DType::F32);
+    let x = c.on(&device, DType::F32, true);
+    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| x.inputs[i].clone());
+    let inputs = LinearInputs::new(p1, p2, info, gates).with_state(x.state.clone().unwrap());
+    let out = linear_relation_step(inputs, DEFAULT_TAU, Strategy::Fused).unwrap();
+    let grads = c.loss(&out, &device, DType::F32).backward();
+    let r = c.on(&device, DType::F32, true);
+    let [p1, p2, info, gates] = [0, 1, 2, 3].map(|i| r.inputs[i].clone());
+    let want =
+        naive_recurrent_linear_relation(p1, p2, info, gates, DEFAULT_TAU, r.state.clone()).unwrap();
+    let want_grads = c.loss(&want, &device, DType::F32).backward();
+    let tol = tolerance(DType::F32, Check::Gradient);
+    for i in 0..4 {
+        let got = x.inputs[i].grad(&grads).expect("a gradient");
+        let expected = r.inputs[i].grad(&want_grads).expect("a gradient");
+        assert_close(&format!("input {i} gradient"), &got, &expected, tol);
+    }
+}

@@ -11,6 +11,8 @@ mod cube_chunk_backward;
 mod cube_recurrent;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
+#[cfg(any(feature = "flex", feature = "cube"))]
+pub(crate) mod step;
 
 use burn::backend::Dispatch;
 use burn::tensor::Tensor;
@@ -101,6 +103,38 @@ fn fused(
     })
 }
 
+/// One token per sequence through [`step::LinearStepOps`]: one launch.
+#[cfg(any(feature = "flex", feature = "cube"))]
+fn one_step(x: LinearInputs, tau: f64, dims: check::Bthd) -> Result<LinearRelationOutput> {
+    let [_, _, _, d] = dims.dims();
+    let params = step::StepParams {
+        scale: (1.0 / ((d as f64).sqrt() * tau)) as f32,
+        eps: relation_core::linear::L2_NORM_EPS as f32,
+    };
+    let LinearInputs {
+        p1,
+        p2,
+        info,
+        log_alpha,
+        initial_state,
+        ..
+    } = x;
+    let state = initial_state.expect("the caller checked that a state is given");
+    use step::LinearStepOps;
+    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation_one_step(
+        p1.into_dispatch(),
+        p2.into_dispatch(),
+        info.into_dispatch(),
+        log_alpha.into_dispatch(),
+        state.into_dispatch(),
+        params,
+    )); // [B, H, 1 + D, D]
+    Ok(LinearRelationOutput {
+        y: out.clone().narrow(2, 0, 1).swap_dims(1, 2), // [B, 1, H, D]
+        state: out.narrow(2, 1, d),                     // [B, H, D, D]
+    })
+}
+
 /// The reference for `x`: chunked with `chunk` (packed: document by document).
 fn reference(x: LinearInputs, tau: f64, chunk: usize) -> Result<LinearRelationOutput> {
     Ok(naive_packed_linear_relation(
@@ -142,7 +176,9 @@ pub fn fused_recurrent_linear_relation(
 }
 
 /// Decoding: advance a Linear Relation state by one token (or a few), returning their outputs
-/// and the new state. The same fused kernel as [`fused_recurrent_linear_relation`]; the reference
+/// and the new state. One token with nothing to differentiate is one launch (`step.rs`: `S_t`,
+/// the L2 normalisations and the state update in one kernel on CubeCL runtimes, one pass on
+/// Flex); otherwise the same fused kernel as [`fused_recurrent_linear_relation`]. The reference
 /// is the token loop `naive_recurrent_linear_relation`. Prefill with [`linear_relation`] in any
 /// mode, then advance the returned state with this.
 ///
@@ -173,6 +209,13 @@ pub fn linear_relation_step(
     }
     let dims = check_inputs(&x, tau)?;
     if strategy.use_fused(OP, &x.p1)? {
+        let needs_grad = [&x.p1, &x.p2, &x.info, &x.log_alpha]
+            .into_iter()
+            .chain(&x.initial_state)
+            .any(Tensor::is_require_grad);
+        if dims.seq == 1 && !needs_grad {
+            return one_step(x, tau, dims);
+        }
         fused(x, tau, dims, LinearRelationMode::Recurrent)
     } else {
         let LinearInputs {

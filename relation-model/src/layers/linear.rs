@@ -5,7 +5,9 @@ use burn::module::Module;
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
 use relation_core::{RopePositions, Segments};
-use relation_kernels::{LinearInputs, LinearRelationMode, Strategy, linear_relation};
+use relation_kernels::{
+    LinearInputs, LinearRelationMode, Strategy, linear_relation, linear_relation_step,
+};
 
 use super::{
     LogDecayGate, LogDecayGateConfig, RelationProjection, RelationProjectionConfig, dense, linear,
@@ -130,7 +132,12 @@ impl LinearRelation {
             initial_state: state,
             segments: None,
         };
-        let out = linear_relation(inputs, self.tau, self.mode, Strategy::Auto)?;
+        // One token from a state (decoding): the step, one launch where the device has kernels.
+        let out = if inputs.initial_state.is_some() && inputs.p1.dims()[1] == 1 {
+            linear_relation_step(inputs, self.tau, Strategy::Auto)?
+        } else {
+            linear_relation(inputs, self.tau, self.mode, Strategy::Auto)?
+        };
         Ok((dense(&self.wo, merge_heads(out.y))?, out.state))
     }
 
