@@ -30,6 +30,26 @@ fn on(data: &TensorData, device: &Device, dtype: DType) -> Tensor<4> {
     Tensor::from_data(data.clone(), (device, dtype))
 }
 
+/// The fused step, with the Self term and Exchange-only (`λ` 0.7), each checked to have run the
+/// fused path.
+fn fused_steps(what: &str, q: Tensor<4>, rows: CachedRows) -> (Tensor<4>, Tensor<4>) {
+    let lambda = Tensor::<1>::from_data([0.7f32], &q.device());
+    let fused = assert_path(what, "fused", || {
+        flash_relation_decode(
+            q.clone(),
+            rows.clone(),
+            lambda,
+            DEFAULT_TAU,
+            Strategy::Fused,
+        )
+        .unwrap()
+    });
+    let exchange = assert_path(what, "fused", || {
+        flash_exchange_only_decode(q, rows, Strategy::Fused).unwrap()
+    });
+    (fused, exchange)
+}
+
 /// The fused step on `device` in `dtype` against the reference rows (f32, on Flex, from the same
 /// rounded inputs), with and without the Self term.
 fn check_decode(device: &Device, dtype: DType) {
@@ -49,20 +69,7 @@ fn check_decode(device: &Device, dtype: DType) {
         let rows = |device: &Device| {
             CachedRows::uniform(on(&p2, device, dtype), on(&info, device, dtype), len)
         };
-        let fused = assert_path(&what, "fused", || {
-            flash_relation_decode(
-                on(&q, device, dtype),
-                rows(device),
-                lambda(device),
-                DEFAULT_TAU,
-                Strategy::Fused,
-            )
-            .unwrap()
-        });
-        let exchange = assert_path(&what, "fused", || {
-            flash_exchange_only_decode(on(&q, device, dtype), rows(device), Strategy::Fused)
-                .unwrap()
-        });
+        let (fused, exchange) = fused_steps(&what, on(&q, device, dtype), rows(device));
         // The reference in f32 on Flex over the filled rows, from the same rounded inputs.
         let rounded = |data: &TensorData| on(data, &flex, dtype).cast(DType::F32);
         let filled = |data: &TensorData| rounded(data).narrow(1, 0, len);
@@ -123,19 +130,7 @@ fn check_ragged(device: &Device, dtype: DType) {
         info: on(&info, device, dtype),
         lens: lens.to_vec(),
     };
-    let fused = assert_path(&what, "fused", || {
-        flash_relation_decode(
-            on(&q, device, dtype),
-            rows(device),
-            lambda(device),
-            DEFAULT_TAU,
-            Strategy::Fused,
-        )
-        .unwrap()
-    });
-    let exchange = assert_path(&what, "fused", || {
-        flash_exchange_only_decode(on(&q, device, dtype), rows(device), Strategy::Fused).unwrap()
-    });
+    let (fused, exchange) = fused_steps(&what, on(&q, device, dtype), rows(device));
     // Each sequence alone through the reference, then stacked.
     let rounded = |data: &TensorData| on(data, &flex, dtype).cast(DType::F32);
     let alone = |i: usize, exchange_only: bool| {
