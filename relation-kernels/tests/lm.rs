@@ -276,17 +276,21 @@ fn rope_forward_is_the_reference_bit_for_bit_and_its_inverse_undoes_it() {
     assert_eq!(fused.to_data(), reference.to_data());
     // Each batch row at its own start (a batch of sequences of different lengths): the fused
     // pass equals the per-row reference bit for bit, and each row equals that row alone.
-    let starts = vec![5usize, 0];
-    let rows = RopePositions::Rows(starts.clone());
-    let fused_rows = rope(x.clone(), &rows, 1e4, Strategy::Fused).unwrap();
-    let reference_rows = relation_core::naive_rope_rows(x.clone(), &starts, 1e4).unwrap();
-    assert_eq!(fused_rows.to_data(), reference_rows.to_data());
-    for (b, &start) in starts.iter().enumerate() {
-        let alone = naive_rope(x.clone().narrow(0, b, 1), start, 1e4).unwrap();
-        assert_eq!(
-            fused_rows.clone().narrow(0, b, 1).to_data(),
-            alone.to_data()
-        );
+    // Starts close together (the angle table spans them) and far apart (the table holds the
+    // distinct positions only).
+    for starts in [vec![5usize, 0], vec![1000, 0]] {
+        let rows = RopePositions::Rows(starts.clone());
+        let fused_rows = rope(x.clone(), &rows, 1e4, Strategy::Fused).unwrap();
+        let reference_rows = relation_core::naive_rope_rows(x.clone(), &starts, 1e4).unwrap();
+        assert_eq!(fused_rows.to_data(), reference_rows.to_data(), "{starts:?}");
+        for (b, &start) in starts.iter().enumerate() {
+            let alone = naive_rope(x.clone().narrow(0, b, 1), start, 1e4).unwrap();
+            assert_eq!(
+                fused_rows.clone().narrow(0, b, 1).to_data(),
+                alone.to_data(),
+                "{starts:?}"
+            );
+        }
     }
     let wrong = rope(
         x.clone(),

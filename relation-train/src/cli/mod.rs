@@ -152,7 +152,8 @@ pub struct EvalArgs {
     pub per_token: Option<PathBuf>,
 }
 
-fn unix_seconds() -> u64 {
+/// Seconds since the Unix epoch (0 before it).
+pub(crate) fn unix_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())

@@ -28,24 +28,34 @@ pub(crate) fn rope(
     let [b, t, h, d] = dims4(&x);
     let dtype = x.dtype();
     let shape = x.layout().shape().clone();
-    // cos φ and sin φ of each distinct position (a packed row's positions restart at every
-    // segment, so its table is as long as its longest segment, not the row), [P, D/2] each,
-    // rounded to f32 as the reference's upload rounds them; `at[row]` indexes it.
+    // cos φ and sin φ of the positions present, [P, D/2] each, rounded to f32 as the
+    // reference's upload rounds them; `at[token]` indexes the table. Positions of one sequence
+    // or of a packed row (restarting at every segment) fill a range no longer than the row:
+    // the table is that range. Sequences decoded together sit far apart: the table is then
+    // their distinct positions only, not every position in between.
     let rows = positions.rows(b, t); // position of each of the B·T tokens
-    // One table row per distinct position (sequences decoded together sit far apart: a table
-    // spanning the lowest to the highest would cost angles for every position in between).
-    let mut distinct = rows.clone();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let at: Vec<usize> = rows
-        .iter()
-        .map(|p| {
-            distinct
-                .binary_search(p)
-                .expect("every position is in the table")
-        })
-        .collect();
-    let (cos, sin) = relation_core::rope::rope_angles_at(distinct.iter().copied(), d, base);
+    let first = rows.iter().copied().min().unwrap_or(0);
+    let last = rows.iter().copied().max().unwrap_or(0);
+    let (table, at): (Vec<usize>, Vec<usize>) = if last - first < rows.len() {
+        (
+            (first..=last).collect(),
+            rows.iter().map(|&p| p - first).collect(),
+        )
+    } else {
+        let mut distinct = rows.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let at = rows
+            .iter()
+            .map(|p| {
+                distinct
+                    .binary_search(p)
+                    .expect("every position is in the table")
+            })
+            .collect();
+        (distinct, at)
+    };
+    let (cos, sin) = relation_core::rope::rope_angles_at(table.into_iter(), d, base);
     let cos: Vec<f32> = cos.iter().map(|&c| c as f32).collect();
     let sin: Vec<f32> = sin.iter().map(|&s| s as f32).collect();
     let token = h * d;
