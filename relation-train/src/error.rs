@@ -18,16 +18,23 @@ pub enum TrainError {
         /// The rule it breaks.
         rule: String,
     },
-    /// Started as one of several processes by an MPI launcher (`mpirun -np N`), which this build
-    /// cannot train together: each would train the whole run alone into the same run directory.
+    /// Started as one of several processes by an MPI launcher (`mpirun -np N`) in a build
+    /// without the `mpi` feature, which cannot train them together: each would train the whole
+    /// run alone into the same run directory.
     #[error(
-        "started as one of {size} processes by an MPI launcher ({variable}={size}), but this build trains in one process only: each process would train the whole run alone into the same run directory. Run one process (without mpirun), or spread the micro-batches over the devices of one process with --devices"
+        "started as one of {size} processes by an MPI launcher ({variable}={size}), but this build has no MPI (the `mpi` cargo feature) and trains in one process only: each process would train the whole run alone into the same run directory. Rebuild with `--features mpi` to train data-parallel over MPI ranks, run one process (without mpirun), or spread the micro-batches over the devices of one process with --devices"
     )]
     MultiProcess {
         /// The launcher's variable that gave the world size.
         variable: &'static str,
         /// The world size.
         size: usize,
+    },
+    /// MPI failed, or the ranks of a run disagree.
+    #[error("MPI: {reason}")]
+    Mpi {
+        /// What went wrong.
+        reason: String,
     },
     /// A device that is not compiled into this build or does not exist.
     #[error("device `{name}`: {reason}")]

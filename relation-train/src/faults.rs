@@ -24,6 +24,12 @@ pub struct Faults {
     /// order on the first device, which is what an all-reduce `Sum` of two replicas computes, so
     /// the arrangement is tested on devices where Burn has no collective.
     pub host_all_reduce: bool,
+    /// Milliseconds every step waits after its update: a slower run, so that a signal or a kill
+    /// lands mid-run however fast the machine is.
+    pub step_delay_ms: u64,
+    /// `(rank, step)`: that rank of a multi-process run (or the one process, rank 0) panics at
+    /// the start of that step.
+    pub panic_at: Option<(usize, u64)>,
 }
 
 impl Faults {
@@ -33,6 +39,8 @@ impl Faults {
         loss_scale: None,
         crash_during_save: false,
         host_all_reduce: false,
+        step_delay_ms: 0,
+        panic_at: None,
     };
 
     /// Adds one fault, as the command line's `--fault` gives it.
@@ -43,12 +51,14 @@ impl Faults {
             Fault::LossScale(scale) => self.loss_scale = Some(scale),
             Fault::CrashDuringSave => self.crash_during_save = true,
             Fault::HostAllReduce => self.host_all_reduce = true,
+            Fault::StepDelayMs(ms) => self.step_delay_ms = ms,
+            Fault::PanicAt(rank, step) => self.panic_at = Some((rank, step)),
         }
     }
 }
 
 /// One fault of [`Faults`], parsed from `poison-steps=3,5`, `loss-scale=1e30`,
-/// `crash-during-save` or `host-all-reduce`.
+/// `crash-during-save`, `host-all-reduce`, `step-delay-ms=20` or `panic-at=RANK:STEP`.
 #[cfg(feature = "testing")]
 #[derive(Debug, Clone, PartialEq)]
 pub enum Fault {
@@ -60,6 +70,10 @@ pub enum Fault {
     CrashDuringSave,
     /// [`Faults::host_all_reduce`].
     HostAllReduce,
+    /// [`Faults::step_delay_ms`].
+    StepDelayMs(u64),
+    /// [`Faults::panic_at`].
+    PanicAt(usize, u64),
 }
 
 #[cfg(feature = "testing")]
@@ -79,10 +93,18 @@ impl FromStr for Fault {
                 Ok(x) if x.is_finite() && x > 0.0 => Ok(Fault::LossScale(x)),
                 _ => Err(bad("expected a finite positive loss scale")),
             },
+            Some(("step-delay-ms", ms)) => ms
+                .parse()
+                .map(Fault::StepDelayMs)
+                .map_err(|_| bad("expected milliseconds")),
+            Some(("panic-at", at)) => at
+                .split_once(':')
+                .and_then(|(r, s)| Some(Fault::PanicAt(r.parse().ok()?, s.parse().ok()?)))
+                .ok_or_else(|| bad("expected RANK:STEP")),
             None if s == "crash-during-save" => Ok(Fault::CrashDuringSave),
             None if s == "host-all-reduce" => Ok(Fault::HostAllReduce),
             _ => Err(bad(
-                "expected poison-steps=N[,N…], loss-scale=X, crash-during-save or host-all-reduce",
+                "expected poison-steps=N[,N…], loss-scale=X, crash-during-save, host-all-reduce, step-delay-ms=N or panic-at=RANK:STEP",
             )),
         }
     }

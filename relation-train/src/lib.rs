@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod optim;
 mod plot;
 pub mod precision;
+pub mod ranks;
 pub mod report;
 pub mod sample;
 pub mod serve;
@@ -30,4 +31,5 @@ pub use evaluate::{
     EvalOptions, EvalResult, LoadedRun, ScoredWindow, evaluate, evaluate_each, load_run,
 };
 pub use memory::keep_freed_memory;
+pub use ranks::{MpiSession, Ranks};
 pub use train::{TrainEvent, TrainOptions, TrainSummary, train, train_with};

@@ -118,6 +118,14 @@ impl Metrics {
         Ok(metrics)
     }
 
+    /// A log that is never written: the one of a rank other than 0, which logs nothing.
+    pub(crate) fn unwritten() -> Self {
+        Self {
+            dir: PathBuf::new(),
+            rows: Vec::new(),
+        }
+    }
+
     fn rewrite(&self) -> Result<()> {
         let mut jsonl = String::new();
         let mut csv = format!("{CSV_HEADER}\n");

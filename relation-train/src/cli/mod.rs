@@ -22,6 +22,7 @@ use crate::config::{Packing, RunConfig};
 use crate::data::{self, DEFAULT_CORPUS_NAME};
 use crate::error::io;
 use crate::evaluate::{EvalOptions, LoadedRun, ScoredWindow, evaluate, evaluate_each, load_run};
+use crate::ranks::Ranks;
 use crate::train::{TrainOptions, XZ_BITS_PER_BYTE_MOBY, train_with};
 use crate::{Result, TrainError, checkpoint};
 use progress::Console;
@@ -266,7 +267,39 @@ fn run_report(args: &ReportArgs) -> Result<()> {
 }
 
 fn run_train(args: &TrainArgs) -> Result<()> {
-    refuse_multi_process()?;
+    // One process, or one rank of several started by an MPI launcher (the `mpi` feature; a
+    // build without it refuses to be one of several).
+    let (ranks, session) = Ranks::from_launcher()?;
+    let ranks = std::sync::Arc::new(ranks);
+    if ranks.size() == 1 {
+        return train_command(args, ranks);
+    }
+    ranks.abort_on_panic();
+    let (rank, size) = (ranks.rank(), ranks.size());
+    match train_command(args, ranks.clone()) {
+        Ok(()) => Ok(()),
+        // Every rank stopped after the same step; rank 0 wrote the checkpoint and says so, before
+        // MPI is finalized (a rank that exits non-zero makes the launcher end the others).
+        Err(e @ TrainError::Stopped { .. }) => {
+            if rank == 0 {
+                eprintln!("error: {e}");
+            }
+            drop(session);
+            std::process::exit(1);
+        }
+        // A rank that failed ends them all, rather than leaving them waiting for it.
+        Err(e) => {
+            eprintln!("error (rank {rank} of {size}): {e}");
+            ranks.abort(1)
+        }
+    }
+}
+
+/// `relation train` in this process: the whole run, or this rank's part of it.
+fn train_command(args: &TrainArgs, ranks: std::sync::Arc<Ranks>) -> Result<()> {
+    if !ranks.is_root() {
+        return follow_train(args, ranks);
+    }
     // Resume when asked, when --from-checkpoint names where, or (auto) when there is a run.
     let resume = match (args.resume, &args.run_dir) {
         (Some(ResumeMode::Auto), Some(dir)) => checkpoint::any(dir),
@@ -319,6 +352,7 @@ fn run_train(args: &TrainArgs) -> Result<()> {
             on_nan: args.on_nan,
             max_skipped_steps: args.max_skipped_steps,
             stop: Some(stop_on_signals()?),
+            ranks: ranks.clone(),
             #[cfg(feature = "testing")]
             faults: args.faults(),
         },
@@ -346,6 +380,15 @@ fn run_train(args: &TrainArgs) -> Result<()> {
         summary.tokens_per_s * summary.flops_per_token / 1e9,
         summary.flops_per_token / 1e6
     );
+    if ranks.size() > 1 {
+        println!(
+            "MPI: {} ranks; rank 0 spent {:.1} % of its step time exchanging losses and gradients ({:.2} s of {:.2} s)",
+            ranks.size(),
+            100.0 * summary.comm_seconds / summary.step_seconds.max(1e-9),
+            summary.comm_seconds,
+            summary.step_seconds
+        );
+    }
     if let Some(mib) = summary.peak_rss_mib {
         println!("peak resident memory: {mib:.0} MiB");
     }
@@ -465,17 +508,23 @@ fn stop_on_signals() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>> {
     Ok(flag)
 }
 
-/// [`TrainError::MultiProcess`] when an MPI launcher started this process as one of several:
-/// Open MPI's `OMPI_COMM_WORLD_SIZE` or the PMI variable `PMI_SIZE` (MPICH, Intel MPI) above 1.
-/// One process (size 1, or no launcher) trains as usual.
-fn refuse_multi_process() -> Result<()> {
-    for variable in ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE"] {
-        let size = std::env::var(variable)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        if let Some(size) = size.filter(|&n| n > 1) {
-            return Err(TrainError::MultiProcess { variable, size });
-        }
-    }
+/// A rank other than 0 of a multi-process run: trains its share of every step with rank 0's
+/// configuration and data (its own flags only open the MPI world), prints nothing and writes
+/// nothing; rank 0 reports for the run.
+fn follow_train(args: &TrainArgs, ranks: std::sync::Arc<Ranks>) -> Result<()> {
+    let mut config = RunConfig::default();
+    args.apply(&mut config);
+    train_with(
+        config,
+        &TrainOptions {
+            run_dir: args.run_dir.clone().unwrap_or_default(),
+            stop: Some(stop_on_signals()?),
+            ranks,
+            #[cfg(feature = "testing")]
+            faults: args.faults(),
+            ..TrainOptions::default()
+        },
+        &mut |_| {},
+    )?;
     Ok(())
 }

@@ -42,7 +42,30 @@ impl Trainer<'_> {
             params: self.size.params,
             flops_per_token: self.size.flops_per_token,
             peak_rss_mib: crate::metrics::peak_rss_mib(),
+            comm_seconds: self.comm_seconds,
+            step_seconds: self.step_seconds,
         })
+    }
+
+    /// What a rank other than 0 did (it draws no sample and validates nothing).
+    pub(super) fn follower_summary(self) -> TrainSummary {
+        let secs = self.started.elapsed().as_secs_f64();
+        let p = self.progress;
+        TrainSummary {
+            run_dir: self.run.opts.run_dir.clone(),
+            step: p.step,
+            finished: p.step >= self.run.t.steps,
+            tokens_seen: p.tokens_seen,
+            tokens_per_s: (p.tokens_seen - self.tokens_at_start) as f64 / secs.max(1e-9),
+            validation: None,
+            sample: None,
+            checkpoint: p.checkpoint_dir,
+            params: self.size.params,
+            flops_per_token: self.size.flops_per_token,
+            peak_rss_mib: crate::metrics::peak_rss_mib(),
+            comm_seconds: self.comm_seconds,
+            step_seconds: self.step_seconds,
+        }
     }
 }
 

@@ -15,11 +15,13 @@
 
 mod collective;
 mod events;
+mod exchange;
 mod finish;
 mod resume;
 mod run_dir;
 mod save;
 mod setup;
+mod share;
 mod step;
 mod validation;
 
@@ -34,6 +36,7 @@ use crate::data::{Batcher, DataPosition};
 use crate::evaluate::EvalResult;
 use crate::metrics::Metrics;
 use crate::precision::{LossScale, Precision};
+use crate::ranks::Ranks;
 use crate::{Result, TrainError};
 use run_dir::Start;
 use setup::Run;
@@ -79,6 +82,10 @@ pub struct TrainOptions {
     /// the run cleanly: it finishes the optimizer step it is in, writes a checkpoint of it and
     /// returns [`TrainError::Stopped`]; `resume` continues exactly.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// The processes of the run ([`Ranks::single`] unless an MPI launcher started several):
+    /// each takes its share of every step's micro-batches, rank 0 alone reads and writes the run
+    /// directory (see [`crate::ranks`]).
+    pub ranks: std::sync::Arc<Ranks>,
     /// Faults to inject (the trainer's tests).
     #[cfg(feature = "testing")]
     pub faults: crate::faults::Faults,
@@ -110,6 +117,7 @@ impl Default for TrainOptions {
             on_nan: OnNan::Stop,
             max_skipped_steps: 10,
             stop: None,
+            ranks: std::sync::Arc::new(Ranks::single()),
             #[cfg(feature = "testing")]
             faults: crate::faults::Faults::NONE,
         }
@@ -142,6 +150,11 @@ pub struct TrainSummary {
     pub flops_per_token: f64,
     /// The process's peak resident memory, MiB (`None` where the system does not report it).
     pub peak_rss_mib: Option<f64>,
+    /// Seconds of this invocation's steps spent exchanging losses and gradients with the other
+    /// ranks (0 in one process).
+    pub comm_seconds: f64,
+    /// Seconds of this invocation's steps, all of them.
+    pub step_seconds: f64,
 }
 
 /// Upper bound of a bits-per-byte figure worth beating on the shipped corpus.
@@ -192,21 +205,28 @@ pub fn train_with(
         params: model.num_params(),
         flops_per_token: model.training_flops_per_token(run.t.seq_len),
     };
+    let root = opts.ranks.is_root();
     let mut trainer = Trainer::new(run, progress, optim, size, on_event)?;
     while trainer.progress.step < trainer.end {
         let (updated, done) = trainer.step(model)?;
         model = updated;
-        trainer.record(&model, &done)?;
-        let saved = trainer.checkpoint_due();
-        if saved {
-            trainer.checkpoint(&model)?;
+        trainer.step_seconds += done.seconds;
+        // Rank 0 alone logs, validates and writes checkpoints.
+        let saved = root && trainer.checkpoint_due();
+        if root {
+            trainer.record(&model, &done)?;
+            if saved {
+                trainer.checkpoint(&model)?;
+            }
         }
-        let stop = opts
+        let asked = opts
             .stop
             .as_ref()
             .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst));
+        // Every rank stops after the same step when any of them was asked to.
+        let stop = opts.ranks.any(asked);
         if stop && trainer.progress.step < trainer.end {
-            if !saved {
+            if root && !saved {
                 trainer.checkpoint(&model)?;
             }
             return Err(TrainError::Stopped {
@@ -215,6 +235,9 @@ pub fn train_with(
                 run_dir: opts.run_dir.display().to_string(),
             });
         }
+    }
+    if !root {
+        return Ok(trainer.follower_summary());
     }
     trainer.finish(&model)
 }
@@ -237,6 +260,10 @@ struct Progress {
     last_checkpoint: String,
     /// The last checkpoint's directory (empty before the first).
     checkpoint_dir: PathBuf,
+    /// On a rank other than 0 that resumes: rank 0's checkpoint, received into a folder of its
+    /// own (`checkpoint_dir`), removed when the run ends (the loaded tensors may read their
+    /// bytes from its files lazily).
+    _received: Option<share::TempCheckpoint>,
 }
 
 impl Progress {
@@ -251,6 +278,7 @@ impl Progress {
             loss_scale: precision.initial_scale(),
             last_checkpoint: String::from("none (no checkpoint written yet)"),
             checkpoint_dir: PathBuf::new(),
+            _received: None,
         }
     }
 }
@@ -290,6 +318,10 @@ struct Trainer<'a> {
     tokens_at_start: u64,
     /// The latest validation result, logged in this invocation or an earlier one.
     validation: Option<EvalResult>,
+    /// Seconds this invocation's steps spent in the exchange between ranks.
+    comm_seconds: f64,
+    /// Seconds of this invocation's steps.
+    step_seconds: f64,
 }
 
 impl<'a> Trainer<'a> {
@@ -309,10 +341,14 @@ impl<'a> Trainer<'a> {
         let batcher = Batcher::new(run.corpus.train.len(), t.seq_len, t.seed, progress.position)?;
         let meta = &run.corpus.meta;
         let val_bytes_per_token = meta.val_bytes as f64 / meta.val_tokens as f64;
-        let metrics = Metrics::open(&run.opts.run_dir, run.resume.then_some(progress.step))?;
+        let metrics = if run.opts.ranks.is_root() {
+            Metrics::open(&run.opts.run_dir, run.resume.then_some(progress.step))?
+        } else {
+            Metrics::unwritten()
+        };
         let poison_steps = run.opts.faults().poison_steps.clone();
 
-        let end = run.opts.stop_at.map_or(t.steps, |s| s.min(t.steps));
+        let end = run.stop_at.map_or(t.steps, |s| s.min(t.steps));
         on_event(TrainEvent::Progress {
             step: progress.step,
             steps: t.steps,
@@ -343,6 +379,8 @@ impl<'a> Trainer<'a> {
             started,
             tokens_at_start,
             validation,
+            comm_seconds: 0.0,
+            step_seconds: 0.0,
         })
     }
 

@@ -7,6 +7,7 @@ use relation_model::RelationLm;
 use super::Progress;
 use super::run_dir::record_changes;
 use super::setup::Run;
+use super::share;
 use crate::checkpoint;
 use crate::config::Change;
 use crate::optim::adamw;
@@ -28,13 +29,28 @@ impl Run<'_> {
         log: &mut dyn FnMut(String),
     ) -> Result<(RelationLm, Progress)> {
         let run = &self.opts.run_dir;
-        let (dir, state) = checkpoint::resume_point(
-            run,
-            self.opts.from_checkpoint.as_deref(),
-            &self.model_json,
-            &self.corpus.tokenizer_json,
-            log,
-        )?;
+        let ranks = &*self.opts.ranks;
+        // Rank 0 picks the checkpoint and sends it to the other ranks, which verify their copy.
+        let mut received = None;
+        let (dir, state) = if ranks.is_root() {
+            let (dir, state) = checkpoint::resume_point(
+                run,
+                self.opts.from_checkpoint.as_deref(),
+                &self.model_json,
+                &self.corpus.tokenizer_json,
+                log,
+            )?;
+            if ranks.size() > 1 {
+                share::send_checkpoint(ranks, &dir)?;
+            }
+            (dir, state)
+        } else {
+            let copy = share::receive_checkpoint(ranks)?;
+            let dir = copy.0.clone();
+            received = Some(copy);
+            let state = checkpoint::verify(&dir, &self.model_json, &self.corpus.tokenizer_json)?;
+            (dir, state)
+        };
         if state.seed != self.t.seed {
             return Err(TrainError::Checkpoint {
                 path: dir,
@@ -58,6 +74,7 @@ impl Run<'_> {
                 .unwrap_or_else(|| self.t.precision.initial_scale()),
             last_checkpoint: dir.display().to_string(),
             checkpoint_dir: dir,
+            _received: received,
         };
         let step = progress.step;
         log(format!(
@@ -73,7 +90,7 @@ impl Run<'_> {
             changed_settings = changes.len(),
             "resuming"
         );
-        if !changes.is_empty() {
+        if !changes.is_empty() && ranks.is_root() {
             record_changes(run, step, changes, &self.config, log)?;
         }
         Ok((model, progress))

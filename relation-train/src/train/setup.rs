@@ -13,6 +13,7 @@ use tokenizers::Tokenizer;
 use super::TrainOptions;
 use super::collective::Reduction;
 use super::run_dir::{Start, open_run};
+use super::share;
 use crate::config::{Packing, RunConfig, TrainSpec};
 use crate::data::{self, Corpus};
 use crate::error::io;
@@ -38,6 +39,8 @@ pub(super) struct Run<'a> {
     pub(super) reduction: Reduction,
     /// Whether this invocation continues from a checkpoint.
     pub(super) resume: bool,
+    /// The step this invocation stops after (`--stop-at`; rank 0's on every rank).
+    pub(super) stop_at: Option<u64>,
     /// The tokenized corpus.
     pub(super) corpus: Corpus,
     /// Its tokenizer.
@@ -49,7 +52,8 @@ pub(super) struct Run<'a> {
     pub(super) model_config: RelationLmConfig,
     /// It as `model.json` holds it (checkpoints carry its fingerprint).
     pub(super) model_json: String,
-    _lock: RunLock,
+    /// The run directory's lock (rank 0's; the other ranks of a multi-process run hold none).
+    _lock: Option<RunLock>,
 }
 
 impl<'a> Run<'a> {
@@ -82,18 +86,22 @@ impl<'a> Run<'a> {
                 rule: "only resumes (it needs --resume)".into(),
             });
         }
-        let device_names = config.device_names();
-        let replicas = device_names
-            .iter()
-            .map(|name| open_device(name))
-            .collect::<Result<Vec<Device>>>()?;
-        config.train.precision.check(&replicas)?;
-        let reduction = Reduction::open(
-            config.reduce,
-            &device_names,
-            &replicas,
-            opts.faults().host_all_reduce,
-        )?;
+        let ranks = &*opts.ranks;
+        if !ranks.is_root() {
+            return Self::follow(opts);
+        }
+        let accumulation = config.train.accumulation();
+        if ranks.size() > accumulation {
+            return Err(TrainError::Invalid {
+                name: "--tokens-per-step",
+                value: config.train.effective_tokens_per_step().to_string(),
+                rule: format!(
+                    "gives {accumulation} micro-batch(es) of --batch-size x --seq-len per step; {n} MPI ranks need at least {n}, one each",
+                    n = ranks.size()
+                ),
+            });
+        }
+        let (device_names, replicas, reduction) = open_devices(&config, opts)?;
         let t = config.train.clone();
         let lock = RunLock::acquire(&opts.run_dir)?;
         let start = open_run(&config, opts, log)?;
@@ -138,6 +146,9 @@ impl<'a> Run<'a> {
             })?),
             _ => None,
         };
+        if ranks.size() > 1 {
+            share::send_start(ranks, &config, resume, opts.stop_at, &corpus);
+        }
         let run = Self {
             opts,
             config,
@@ -146,12 +157,57 @@ impl<'a> Run<'a> {
             replicas,
             reduction,
             resume,
+            stop_at: opts.stop_at,
             corpus,
             tokenizer,
             document_marker,
             model_config,
             model_json,
-            _lock: lock,
+            _lock: Some(lock),
+        };
+        Ok((run, start))
+    }
+
+    /// A rank other than 0: the run as rank 0 set it up (its configuration, data and start),
+    /// on this process's devices; the run directory is rank 0's alone.
+    ///
+    /// # Errors
+    /// A start that does not decode, a device that does not open.
+    fn follow(opts: &'a TrainOptions) -> Result<(Self, Start)> {
+        let shared = share::receive_start(&opts.ranks)?;
+        let config = shared.config;
+        let (device_names, replicas, reduction) = open_devices(&config, opts)?;
+        let corpus = shared.corpus;
+        let model_config = config.model.resolve(corpus.meta.vocab_size)?;
+        let model_json = serde_json::to_string_pretty(&model_config).expect("config serializes");
+        let tokenizer = corpus
+            .tokenizer_json
+            .parse::<Tokenizer>()
+            .map_err(|e| TrainError::Tokenizer(e.to_string()))?;
+        let document_marker = match config.data.packing {
+            Packing::Documents => tokenizer.token_to_id(data::EOT),
+            _ => None,
+        };
+        let start = if shared.resume {
+            Start::Resume(Vec::new())
+        } else {
+            Start::Fresh
+        };
+        let run = Self {
+            opts,
+            t: config.train.clone(),
+            config,
+            device_names,
+            replicas,
+            reduction,
+            resume: shared.resume,
+            stop_at: shared.stop_at,
+            corpus,
+            tokenizer,
+            document_marker,
+            model_config,
+            model_json,
+            _lock: None,
         };
         Ok((run, start))
     }
@@ -262,6 +318,30 @@ fn write_or_check_identity(
         }
     }
     Ok(())
+}
+
+/// The run's devices (names as given, autodiff devices) and how a data-parallel step sums
+/// their gradients.
+///
+/// # Errors
+/// A device that does not open, a precision it lacks, a collective it cannot do.
+fn open_devices(
+    config: &RunConfig,
+    opts: &TrainOptions,
+) -> Result<(Vec<String>, Vec<Device>, Reduction)> {
+    let device_names = config.device_names();
+    let replicas = device_names
+        .iter()
+        .map(|name| open_device(name))
+        .collect::<Result<Vec<Device>>>()?;
+    config.train.precision.check(&replicas)?;
+    let reduction = Reduction::open(
+        config.reduce,
+        &device_names,
+        &replicas,
+        opts.faults().host_all_reduce,
+    )?;
+    Ok((device_names, replicas, reduction))
 }
 
 /// One `--device` name as an autodiff device, telling the trace which path the model's Relation

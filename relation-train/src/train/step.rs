@@ -13,6 +13,7 @@ use relation_core::Segments;
 use relation_model::{CheckpointedStep, RelationLm};
 
 use super::collective::{Meeting, Reduction, all_reduce_grads};
+use super::exchange::{all_losses, sum_across_ranks};
 use super::{OnNan, Trainer};
 use crate::config::TrainSpec;
 use crate::data::document_segments;
@@ -43,6 +44,13 @@ impl Trainer<'_> {
     pub(super) fn step(&mut self, mut model: RelationLm) -> Result<(RelationLm, StepDone)> {
         self.progress.step += 1;
         let step = self.progress.step;
+        let faults = self.run.opts.faults();
+        if faults.panic_at == Some((self.run.opts.ranks.rank(), step)) {
+            panic!(
+                "injected fault: rank {} panics at step {step}",
+                self.run.opts.ranks.rank()
+            );
+        }
         let t = &self.run.t;
         let accumulation = t.accumulation();
         let per_step = t.effective_tokens_per_step() as u64;
@@ -53,7 +61,9 @@ impl Trainer<'_> {
         let step_start = Instant::now();
         let lr = wsd_lr(step, t);
         let marker = self.run.document_marker;
-        let batches: Vec<Batch> = (0..accumulation)
+        let ranks = &*self.run.opts.ranks;
+        // Every rank draws the step's micro-batches in the same order and keeps its share.
+        let batches: Vec<(usize, Batch)> = (0..accumulation)
             .map(|_| {
                 let (inputs, targets) = self
                     .batcher
@@ -65,6 +75,8 @@ impl Trainer<'_> {
                     documents,
                 }
             })
+            .enumerate()
+            .filter(|(i, _)| ranks.owns(*i))
             .collect();
         let (losses, mut grads) = micro_steps(
             &model,
@@ -74,11 +86,21 @@ impl Trainer<'_> {
             t,
             scale,
         )?;
+        let loss_sum = if ranks.size() > 1 {
+            // The ranks' losses and gradient sums, added across ranks (host-staged).
+            let exchange = Instant::now();
+            let losses = all_losses(ranks, losses, accumulation, &self.run.replicas[0]);
+            sum_across_ranks(ranks, &model, &mut grads)?;
+            self.comm_seconds += exchange.elapsed().as_secs_f64();
+            losses
+        } else {
+            Tensor::cat(losses, 0)
+        }
+        .sum(); // [1]
         if scale != 1.0 {
             scale_grads(&model, &mut grads, 1.0 / scale);
         }
         // One read-back per step: the step's loss and the squared gradient norm together.
-        let loss_sum = Tensor::cat(losses, 0).sum(); // [1]
         let norm_sq = squared_grad_norm(&model, &grads).unwrap_or_else(|| loss_sum.zeros_like());
         let read: Vec<f32> = Tensor::cat(vec![loss_sum, norm_sq], 0)
             .into_data()
@@ -125,6 +147,9 @@ impl Trainer<'_> {
             }
         }
         self.progress.tokens_seen += per_step;
+        if faults.step_delay_ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(faults.step_delay_ms));
+        }
         let seconds = step_start.elapsed().as_secs_f64();
         Ok((
             model,
@@ -268,10 +293,10 @@ type Losses = Vec<(usize, Tensor<1>)>;
 /// own error (`Some`); or `None` when it stopped because another member failed.
 type Member = std::result::Result<(Losses, GradientsParams), Option<TrainError>>;
 
-/// The micro-batches of one optimizer step: their losses in micro-batch order on the first
-/// device, and the step's gradient (their sum) there.
+/// The micro-batches of one optimizer step (this rank's share, each with its index in the
+/// step): their losses in micro-batch order on the first device, and their gradients' sum there.
 ///
-/// With several devices (data parallel), micro-batch `i` runs on replica `i mod n` — a copy of
+/// With several devices (data parallel), the `k`-th of these micro-batches runs on replica `k mod n` — a copy of
 /// the model forked onto that device — all replicas at once on their own threads, and
 /// `reduction` sums the gradients: in micro-batch order on the first device
 /// ([`Reduction::Ordered`]: the sum one device computes), or each replica its own in order,
@@ -280,15 +305,14 @@ fn micro_steps(
     model: &RelationLm,
     replicas: &[Device],
     reduction: &Reduction,
-    batches: Vec<Batch>,
+    batches: Vec<(usize, Batch)>,
     t: &TrainSpec,
     scale: f64,
 ) -> Result<(Vec<Tensor<1>>, GradientsParams)> {
     let primary = &replicas[0];
     let n = replicas.len().min(batches.len());
     if n <= 1 {
-        let micro_batches = batches.into_iter().enumerate();
-        let (losses, grads) = replica_sum(model, primary, micro_batches, t, scale)?;
+        let (losses, grads) = replica_sum(model, primary, batches.into_iter(), t, scale)?;
         return Ok((in_order(losses, primary), grads.unwrap_or_default()));
     }
     let copies: Vec<RelationLm> = (0..n)
@@ -302,8 +326,8 @@ fn micro_steps(
         .collect();
     // Every replica gets at least one micro-batch (n <= the number of micro-batches).
     let mut assigned: Vec<Vec<(usize, Batch)>> = vec![Vec::new(); n];
-    for (i, b) in batches.into_iter().enumerate() {
-        assigned[i % n].push((i, b));
+    for (k, batch) in batches.into_iter().enumerate() {
+        assigned[k % n].push(batch);
     }
     match reduction {
         Reduction::Ordered => ordered(model, &copies, replicas, assigned, t, scale),
