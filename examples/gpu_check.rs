@@ -9,6 +9,7 @@
 //! gpu_check flash    [flash_relation_bench flags]     FlashRelation vs materialized vs attention
 //! gpu_check linear   [linear_relation_bench flags]    Linear Relation scaling
 //! gpu_check decode   [--patterns --contexts --streams] decoding steps of the 3.7M model's widths
+//! gpu_check staging  [--params N,N]                   gradient-sized copies device <-> host
 //! gpu_check relation [relation flags]                 the trainer (`relation train ...`, etc.)
 //! gpu_check summary  --dir OUT --devices vulkan,cuda  check every promised table and log, and
 //!                    [--dtypes f32,f16,bf16]          write OUT/summary.md with the paper's anchors
@@ -21,7 +22,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use clap::{Parser, Subcommand};
-use relation_examples::bench::{decode, flash, linear};
+use relation_examples::bench::{decode, flash, linear, staging};
 use relation_examples::counting::Counting;
 
 #[global_allocator]
@@ -44,6 +45,9 @@ enum Command {
     /// Decoding steps: one sequence and a ragged batch per pattern and context, and the Linear
     /// Relation layer's own step.
     Decode(decode::Args),
+    /// Gradient-sized copies from the device to the host and back (what an MPI rank's
+    /// host-staged exchange adds to each step).
+    Staging(staging::Args),
     /// The `relation` command line (train, evaluate, generate, ...), unchanged.
     Relation {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
@@ -71,6 +75,7 @@ fn main() {
         Command::Flash(args) => flash::run(&args),
         Command::Linear(args) => linear::run(&args),
         Command::Decode(args) => decode::run(&args),
+        Command::Staging(args) => staging::run(&args),
         Command::Relation { args } => {
             let cli = <relation_train::cli::Cli as Parser>::parse_from(
                 std::iter::once("relation".to_string()).chain(args),
@@ -338,6 +343,27 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 }
             }
             _ => problems.push(format!("{name}: no table rows or no `L layer step` line")),
+        }
+    }
+
+    // 4b. Host staging of gradients (the MPI exchange's copies).
+    md += "\n## Gradient staging, device to host and back\n\n";
+    md +=
+        "What a multi-process run's host-staged exchange adds per step (`docs/bench/mpi.md`).\n\n";
+    for device in &args.devices {
+        let name = format!("staging_{device}.md");
+        let Some(text) = read(dir, &name, &mut problems) else {
+            continue;
+        };
+        let rows: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| values"))
+            .collect();
+        if rows.is_empty() {
+            problems.push(format!("{name}: no table rows"));
+        }
+        for row in rows {
+            let _ = writeln!(md, "- {device}: {row}");
         }
     }
 

@@ -8,6 +8,7 @@ pub mod bench {
     pub mod decode;
     pub mod flash;
     pub mod linear;
+    pub mod staging;
 }
 mod measure;
 

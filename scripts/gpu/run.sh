@@ -60,6 +60,7 @@ if [ "$rehearse" = 1 ]; then
   train=(--d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 64 --batch-size 2
     --tokens-per-step 128 --steps 4 --log-every 1 --eval-tokens 256); t_train=300
   decode=(--patterns LLLF --contexts 64 --streams 2 --steps 2); t_decode=300
+  staging=(--params 1000,100000 --reps 2); t_staging=300
 else
   # Four test threads: on one (an H200, 16 cores) the suite ran past 150 s; on four it took 98 s.
   kernel_filter=""; t_kernels=160; kernel_threads=4
@@ -70,6 +71,7 @@ else
   train=(--seq-len 1024 --batch-size 8 --tokens-per-step 8192 --steps 40 --log-every 5
     --eval-tokens 8192); t_train=25
   decode=(--patterns L,LLLF,F --contexts 1024,10240 --streams 16 --steps 16); t_decode=30
+  staging=(--params 3670000,10430000,84570000 --reps 5); t_staging=15
 fi
 
 # 1. Kernel tests: every test on every device compiled in (Flex, the Vulkan device, CUDA, and in
@@ -94,6 +96,10 @@ for dev in $devices; do
   timeout "$t_decode" "$bin/gpu_check" decode --device "$dev" \
     "${decode[@]}" --out "$OUT/decode_$dev.md" > "$OUT/bench-decode-$dev.log" 2>&1
   echo "decode $dev exit $?"
+  # 3c. Gradient-sized copies device -> host -> device: what the MPI exchange stages per step.
+  timeout "$t_staging" "$bin/gpu_check" staging --device "$dev" "${staging[@]}" \
+    --out "$OUT/staging_$dev.md" > "$OUT/bench-staging-$dev.log" 2>&1
+  echo "staging $dev exit $?"
   # 4. The trainer, Relation and MHA on the same backbone (the paper's 10M shape, T 1024),
   #    bf16 where the device computes in it.
   precision=f32
