@@ -57,9 +57,13 @@ pub fn paired_delta(runs: &[RunCurve], variant: &str, baseline: &str) -> Option<
     })
 }
 
+/// The paper's training budget (tokens) at which the loss fits are read off.
+pub const PAPER_TOKENS: f64 = 150e6;
+
 /// The table of every variant's paired difference to `baseline` at every budget (Markdown),
-/// and `budget.png` in `out`: the differences against the training tokens, with ± one
-/// standard error.
+/// followed by each variant's loss fitted against the budget ([`super::fit_section`], read at
+/// [`PAPER_TOKENS`]), and `budget.png` in `out`: the differences against the training tokens,
+/// with ± one standard error.
 ///
 /// # Errors
 /// Plotting or file errors, as text; no paired run at all.
@@ -141,5 +145,6 @@ pub fn budget_report(
         chart.lines.push(line);
     }
     draw(&out.join("budget.png"), (1000, 640), &[chart])?;
+    table.push_str(&super::fit_section(budgets, baseline, PAPER_TOKENS));
     Ok(table)
 }

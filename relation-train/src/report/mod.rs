@@ -18,9 +18,11 @@ use burn::tensor::Device;
 use relation_model::RelationLmConfig;
 
 mod budget;
+mod fit;
 mod long_context;
 
 pub use budget::{Budget, PairedDelta, budget_report, paired_delta};
+pub use fit::{PowerLaw, fit_power_law, fit_section};
 pub use long_context::long_context_plot;
 
 use crate::error::io;
