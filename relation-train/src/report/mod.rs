@@ -21,7 +21,7 @@ mod budget;
 mod fit;
 mod long_context;
 
-pub use budget::{Budget, PairedDelta, budget_report, paired_delta};
+pub use budget::{Budget, PAPER_TOKENS, PairedDelta, budget_report, paired_delta};
 pub use fit::{PowerLaw, fit_power_law, fit_section};
 pub use long_context::long_context_plot;
 

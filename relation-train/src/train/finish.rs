@@ -14,12 +14,10 @@ impl Trainer<'_> {
     /// # Errors
     /// A model or tokenizer error while sampling.
     pub(super) fn finish(self, model: &RelationLm) -> Result<TrainSummary> {
+        // The invocation's throughput leaves the closing sample out.
         let secs = self.started.elapsed().as_secs_f64();
-        let p = self.progress;
-        let tokens_per_s = (p.tokens_seen - self.tokens_at_start) as f64 / secs.max(1e-9);
         let t = &self.run.t;
-        let finished = p.step >= t.steps;
-        let sample = if finished && t.sample_tokens > 0 {
+        let sample = if self.progress.step >= t.steps && t.sample_tokens > 0 {
             Some(sample_after_training(
                 &model.valid(),
                 &self.run.tokenizer,
@@ -30,26 +28,24 @@ impl Trainer<'_> {
         } else {
             None
         };
-        Ok(TrainSummary {
-            run_dir: self.run.opts.run_dir.clone(),
-            step: p.step,
-            finished,
-            tokens_seen: p.tokens_seen,
-            tokens_per_s,
-            validation: self.validation,
-            sample,
-            checkpoint: p.checkpoint_dir,
-            params: self.size.params,
-            flops_per_token: self.size.flops_per_token,
-            peak_rss_mib: crate::metrics::peak_rss_mib(),
-            comm_seconds: self.comm_seconds,
-            step_seconds: self.step_seconds,
-        })
+        let validation = self.validation;
+        Ok(self.summary(secs, validation, sample))
     }
 
     /// What a rank other than 0 did (it draws no sample and validates nothing).
     pub(super) fn follower_summary(self) -> TrainSummary {
         let secs = self.started.elapsed().as_secs_f64();
+        self.summary(secs, None, None)
+    }
+
+    /// What this invocation did in `secs` of training, with its last validation result and
+    /// closing sample.
+    fn summary(
+        self,
+        secs: f64,
+        validation: Option<crate::evaluate::EvalResult>,
+        sample: Option<(String, String)>,
+    ) -> TrainSummary {
         let p = self.progress;
         TrainSummary {
             run_dir: self.run.opts.run_dir.clone(),
@@ -57,8 +53,8 @@ impl Trainer<'_> {
             finished: p.step >= self.run.t.steps,
             tokens_seen: p.tokens_seen,
             tokens_per_s: (p.tokens_seen - self.tokens_at_start) as f64 / secs.max(1e-9),
-            validation: None,
-            sample: None,
+            validation,
+            sample,
             checkpoint: p.checkpoint_dir,
             params: self.size.params,
             flops_per_token: self.size.flops_per_token,

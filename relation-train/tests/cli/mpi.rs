@@ -237,38 +237,68 @@ fn signal(pid: u32, signal: &str) {
     assert!(sent.success());
 }
 
+/// A 2-rank run of 300 tiny steps (slowed, so that the signal lands mid-run) that rank 1 gets
+/// `sig` in once a few steps are logged: the launcher's output, the last step logged, the run
+/// directory, and a check that `--resume` on 2 ranks reproduces the losses of the same run
+/// uninterrupted in one process.
+struct Interrupted {
+    out: Output,
+    reached: u64,
+    run: std::path::PathBuf,
+    full: std::path::PathBuf,
+    _tmp: tempfile::TempDir,
+}
+
+fn interrupted(sig: &str) -> Interrupted {
+    let tmp = tempfile::tempdir().unwrap();
+    let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
+    let args = |run: &Path| with(tiny_args(run, &cache, &corpus), "--steps", "300");
+    let full = tmp.path().join("full");
+    one_ok(&args(&full));
+    let run = tmp.path().join("run");
+    let child = running(&fault(&args(&run), "step-delay-ms=20"), &run);
+    signal(rank_pid(&run, 1), sig);
+    let out = wait(child);
+    assert!(
+        !out.status.success(),
+        "an interrupted run exits non-zero:\n{}",
+        text(&out)
+    );
+    let reached = rows(&run).last().unwrap()["step"].as_u64().unwrap();
+    assert!(reached < 300, "interrupted before the end: {reached}");
+    Interrupted {
+        out,
+        reached,
+        run,
+        full,
+        _tmp: tmp,
+    }
+}
+
+impl Interrupted {
+    /// Resumes on 2 ranks and checks the losses against the uninterrupted run; returns the
+    /// resume's output.
+    fn resume_matches_the_uninterrupted_run(&self) -> String {
+        let out = mpi_ok(2, &resume_args(&self.run));
+        let losses = |run: &Path| -> Vec<(u64, f64)> {
+            curve(run).into_iter().map(|r| (r.0, r.1)).collect()
+        };
+        assert_eq!(
+            losses(&self.run),
+            losses(&self.full),
+            "the losses of the uninterrupted run"
+        );
+        out
+    }
+}
+
 /// Rank 1 killed (SIGKILL) mid-run: rank 0 does not wait for it for ever — the run ends
 /// non-zero within the limit — and `--resume` on 2 ranks continues with the losses of an
 /// uninterrupted run.
 #[test]
 fn a_killed_rank_ends_the_run_and_resume_continues_exactly() {
     let _serial = serial();
-    let tmp = tempfile::tempdir().unwrap();
-    let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
-    let args = |run: &Path| with(tiny_args(run, &cache, &corpus), "--steps", "300");
-    let full = tmp.path().join("full");
-    one_ok(&args(&full));
-
-    let run = tmp.path().join("run");
-    let child = running(&fault(&args(&run), "step-delay-ms=20"), &run);
-    signal(rank_pid(&run, 1), "KILL");
-    let out = wait(child);
-    assert!(!out.status.success(), "{}", text(&out));
-    let reached = rows(&run).last().unwrap()["step"].as_u64().unwrap();
-    assert!(reached < 300, "killed before the end: {reached}");
-
-    mpi_ok(2, &resume_args(&run));
-    let losses = |run: &Path| {
-        curve(run)
-            .into_iter()
-            .map(|r| (r.0, r.1))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        losses(&run),
-        losses(&full),
-        "the losses of the uninterrupted run"
-    );
+    interrupted("KILL").resume_matches_the_uninterrupted_run();
 }
 
 /// SIGTERM to rank 1 alone: every rank finishes the step it is in, rank 0 writes a checkpoint of
@@ -277,41 +307,18 @@ fn a_killed_rank_ends_the_run_and_resume_continues_exactly() {
 #[test]
 fn sigterm_to_one_rank_stops_every_rank_with_a_checkpoint() {
     let _serial = serial();
-    let tmp = tempfile::tempdir().unwrap();
-    let (cache, corpus) = (tmp.path().join("cache"), corpus(tmp.path()));
-    let args = |run: &Path| with(tiny_args(run, &cache, &corpus), "--steps", "300");
-    let full = tmp.path().join("full");
-    one_ok(&args(&full));
-
-    let run = tmp.path().join("run");
-    let child = running(&fault(&args(&run), "step-delay-ms=20"), &run);
-    signal(rank_pid(&run, 1), "TERM");
-    let out = wait(child);
-    let t = text(&out);
-    assert!(!out.status.success(), "a stopped run exits non-zero:\n{t}");
+    let stopped = interrupted("TERM");
+    let t = text(&stopped.out);
     assert!(t.contains("stopped by request after step"), "{t}");
     assert!(t.contains("--resume --run-dir"), "says how to go on:\n{t}");
-    let reached = rows(&run).last().unwrap()["step"].as_u64().unwrap();
-    assert!(reached < 300, "stopped before the end: {reached}");
+    let reached = stopped.reached;
     assert_eq!(
-        latest(&run),
+        latest(&stopped.run),
         format!("step-{reached:08}"),
         "a checkpoint of the step reached"
     );
-
-    let out = mpi_ok(2, &resume_args(&run));
+    let out = stopped.resume_matches_the_uninterrupted_run();
     assert!(out.contains(&format!("(step {reached})")), "{out}");
-    let losses = |run: &Path| {
-        curve(run)
-            .into_iter()
-            .map(|r| (r.0, r.1))
-            .collect::<Vec<_>>()
-    };
-    assert_eq!(
-        losses(&run),
-        losses(&full),
-        "the losses of an uninterrupted run"
-    );
 }
 
 /// A rank that panics mid-run ends every rank (the panic's message, then MPI's abort) within the
