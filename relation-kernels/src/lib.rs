@@ -47,6 +47,8 @@ mod self_relation;
 #[cfg(any(feature = "flex", feature = "cube"))]
 mod sequence;
 mod strategy;
+#[cfg(feature = "cube")]
+mod tile_mma;
 
 // Test support: public with the `testing` feature (the tests and benchmarks of this workspace),
 // crate-private otherwise (the kernels still honour poisoning; nothing outside can switch it).

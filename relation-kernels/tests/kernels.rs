@@ -20,3 +20,5 @@ mod packed;
 mod strategy;
 #[cfg(feature = "flex")]
 mod tile;
+#[cfg(any(feature = "wgpu", feature = "cpu"))]
+mod tile_mma;
