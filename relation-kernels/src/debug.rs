@@ -150,42 +150,7 @@ pub fn dense_product(
     crate::lm::flex::dense_f32(a, b, avx512)
 }
 
-#[cfg(feature = "cube")]
-pub use crate::tile_mma::TilePath;
-
-/// The tile product of the CubeCL kernels (`C + A · B`, one 16 x 16 tile, see the `tile_mma`
-/// module: `A` 16 x `depth` row-major; `B` 16 rows of `depth` with `b_by_columns`, else `depth`
-/// rows of 16; operands rounded to `dtype`, f32 accumulators) run once on `device` by `path`,
-/// for its conformance tests.
-///
-/// # Panics
-/// A device that is not a CubeCL one, operands of the wrong length, a failed launch.
-#[cfg(feature = "cube")]
-#[allow(clippy::too_many_arguments)]
-pub fn cube_tile_product(
-    device: &burn::tensor::Device,
-    a: &[f32],
-    b: &[f32],
-    c: &[f32],
-    depth: usize,
-    b_by_columns: bool,
-    dtype: burn::tensor::DType,
-    path: TilePath,
-) -> Vec<f32> {
-    crate::tile_mma::run_tile_product(device, a, b, c, depth, b_by_columns, dtype, path)
-}
-
-/// The path the CubeCL kernels' tile products take on `device` for `dtype` inputs: the matrix
-/// units where its runtime has 16 x 16 x 16 fragments of `dtype` with f32 accumulation, else the
-/// emulated one (`RELATION_TILE_PATH=emulated` forces it).
-///
-/// # Panics
-/// A device that is not a CubeCL one.
-#[cfg(feature = "cube")]
-pub fn cube_tile_path(device: &burn::tensor::Device, dtype: burn::tensor::DType) -> TilePath {
-    let inner = device.clone().inner();
-    let burn::backend::DispatchDevice::Cube(cube) = inner.as_dispatch() else {
-        panic!("{device:?} is not a CubeCL device");
-    };
-    crate::tile_mma::tile_path(&cube.client(), dtype)
-}
+/// The CubeCL kernels' tile product, run once for its conformance tests, and the path it takes
+/// on a device.
+#[cfg(all(feature = "cube", feature = "testing"))]
+pub use crate::tile_mma::{TilePath, cube_tile_path, cube_tile_product};

@@ -17,6 +17,9 @@
 //! `depth` is a multiple of 16 (a head dimension is padded to it); strides are multiples of 8
 //! elements for the fragments' loads (16 bytes in f16/bf16).
 
+// No kernel calls the tile product yet (its tests do, through the `testing` feature).
+#![cfg_attr(not(feature = "testing"), allow(dead_code))]
+
 use burn::tensor::DType;
 use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};
@@ -236,7 +239,7 @@ pub(crate) fn tile_product_kernel<F: Float>(
 /// A device that is not a CubeCL one, operands of the wrong length, a failed launch.
 #[cfg(feature = "testing")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn run_tile_product(
+pub fn cube_tile_product(
     device: &burn::tensor::Device,
     a: &[f32],
     b: &[f32],
@@ -246,7 +249,6 @@ pub(crate) fn run_tile_product(
     dtype: DType,
     path: TilePath,
 ) -> Vec<f32> {
-    use burn::backend::DispatchDevice;
     use burn::backend::cubecl::dtype_to_storage_type;
     use burn::tensor::{Shape, TensorData};
     use burn_cubecl::tensor::CubeTensor;
@@ -258,10 +260,7 @@ pub(crate) fn run_tile_product(
         depth.is_multiple_of(TILE) && depth > 0,
         "depth is a multiple of 16"
     );
-    let inner = device.clone().inner();
-    let DispatchDevice::Cube(cube) = inner.as_dispatch() else {
-        panic!("{device:?} is not a CubeCL device");
-    };
+    let cube = cube_device(device);
     let client = cube.client();
     let tensor = |values: &[f32], dtype: DType| {
         let data = TensorData::new(values.to_vec(), [values.len()]).convert_dtype(dtype);
@@ -292,4 +291,29 @@ pub(crate) fn run_tile_product(
         .chunks_exact(4)
         .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
         .collect()
+}
+
+/// The CubeCL device behind `device`.
+///
+/// # Panics
+/// A device that is not a CubeCL one.
+#[cfg(feature = "testing")]
+fn cube_device(device: &burn::tensor::Device) -> burn::backend::CubeDevice {
+    let inner = device.clone().inner();
+    match inner.as_dispatch() {
+        burn::backend::DispatchDevice::Cube(cube) => cube.clone(),
+        #[allow(unreachable_patterns)]
+        _ => panic!("{device:?} is not a CubeCL device"),
+    }
+}
+
+/// The path [`tile_product`] takes on `device` for `dtype` inputs ([`tile_path`]): the matrix
+/// units where its runtime has 16 x 16 x 16 fragments of `dtype` with f32 accumulation, else the
+/// emulated one.
+///
+/// # Panics
+/// A device that is not a CubeCL one.
+#[cfg(feature = "testing")]
+pub fn cube_tile_path(device: &burn::tensor::Device, dtype: DType) -> TilePath {
+    tile_path(&cube_device(device).client(), dtype)
 }
