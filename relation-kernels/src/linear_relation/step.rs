@@ -197,16 +197,25 @@ mod cube {
         let k_scale = s / (sq2 + eps).sqrt();
         let block = (head_dim + 1) * head_dim;
         let units = CUBE_DIM_X as usize;
+        // Per state row k, once for the cube: the decay, S_t p̂1_k and S_t p̂2_k.
+        let mut coef = Shared::<[f32]>::new_slice(comptime!(3 * head_dim));
+        let mut k = UNIT_POS_X as usize;
+        while k < head_dim {
+            coef[k] = f32::cast_from(g[row + k]).exp();
+            coef[head_dim + k] = f32::cast_from(p1[row + k]) * q_scale;
+            coef[2 * head_dim + k] = f32::cast_from(p2[row + k]) * k_scale;
+            k += units;
+        }
+        sync_cube();
         let mut col = UNIT_POS_X as usize;
         while col < head_dim {
             let v = f32::cast_from(info[row + col]);
             let mut y = v;
             for k in 0..head_dim {
-                let decay = f32::cast_from(g[row + k]).exp();
-                let cm = decay * f32::cast_from(state[(bh * head_dim + k) * head_dim + col]);
-                y += f32::cast_from(p1[row + k]) * q_scale * cm;
+                let cm = coef[k] * f32::cast_from(state[(bh * head_dim + k) * head_dim + col]);
+                y += coef[head_dim + k] * cm;
                 out[bh * block + (1 + k) * head_dim + col] =
-                    F::cast_from(cm + f32::cast_from(p2[row + k]) * k_scale * v);
+                    F::cast_from(cm + coef[2 * head_dim + k] * v);
             }
             out[bh * block + col] = F::cast_from(y);
             col += units;

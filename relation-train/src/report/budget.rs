@@ -30,7 +30,7 @@ pub struct PairedDelta {
 }
 
 /// Final validation loss of the finished runs of `variant`, by seed.
-fn finals_by_seed(runs: &[RunCurve], variant: &str) -> BTreeMap<u64, (f64, u64)> {
+pub(super) fn finals_by_seed(runs: &[RunCurve], variant: &str) -> BTreeMap<u64, (f64, u64)> {
     runs.iter()
         .filter(|r| r.variant == variant && r.finished())
         .filter_map(|r| Some((r.seed, (r.val.last()?.1, r.steps * r.tokens_per_step))))

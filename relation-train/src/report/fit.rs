@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{RunCurve, mean_sd, variant_order};
+use super::{mean_sd, variant_order};
 
 /// `L(D) = e + b · D^(−beta)`, `D` in tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -84,12 +84,7 @@ pub fn fit_power_law(points: &[(f64, f64)]) -> Option<PowerLaw> {
 fn means_by_budget(budgets: &[super::Budget], variant: &str) -> Vec<(f64, f64, Option<f64>)> {
     let mut out = Vec::new();
     for b in budgets {
-        let finals: BTreeMap<u64, (f64, u64)> = b
-            .runs
-            .iter()
-            .filter(|r: &&RunCurve| r.variant == variant && r.finished())
-            .filter_map(|r| Some((r.seed, (r.val.last()?.1, r.steps * r.tokens_per_step))))
-            .collect();
+        let finals = super::budget::finals_by_seed(&b.runs, variant);
         if finals.is_empty() {
             continue;
         }
