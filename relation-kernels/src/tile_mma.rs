@@ -17,9 +17,6 @@
 //! `depth` is a multiple of 16 (a head dimension is padded to it); strides are multiples of 8
 //! elements for the fragments' loads (16 bytes in f16/bf16).
 
-// No kernel calls the tile product yet (its tests do, through the `testing` feature).
-#![cfg_attr(not(feature = "testing"), allow(dead_code))]
-
 use burn::tensor::DType;
 use cubecl::ir::features::MmaConfig;
 use cubecl::ir::{ElemType, FloatKind};

@@ -273,6 +273,19 @@ device_tests! {
     }
 }
 
+device_tests! {
+    fn flash_relation_f16_tile_shapes(device) {
+        // Half precision runs on tile products on CubeCL runtimes: blocks of 16 query rows per
+        // plane, key tiles of 16 to 64 rows, the head dimension padded to 16 (60 -> 64,
+        // 100 -> 112, 8 -> 16); T = 1 (no history), T = 1000 (many key tiles), huge evidence.
+        check_case(&device, [2, 1, 3, 60], DType::F16, 31, 1.0);
+        check_case(&device, [1, 1000, 1, 60], DType::F16, 32, 1.0);
+        check_case(&device, [2, 97, 1, 100], DType::F16, 33, 1.0);
+        check_case(&device, [1, 70, 4, 8], DType::F16, 34, 1.0);
+        check_case(&device, [1, 257, 2, 64], DType::F16, 35, 30.0);
+    }
+}
+
 bf16_device_tests! {
     fn flash_relation_bf16(device) {
         check_case(&device, [1, 63, 2, 64], DType::BF16, 14, 1.0);

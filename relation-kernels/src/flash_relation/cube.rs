@@ -216,6 +216,20 @@ fn launch_forward(
         into_contiguous(info),
         into_contiguous(lambda),
     );
+    if matches!(p1.dtype, DType::F16 | DType::BF16) {
+        // Half precision runs on tile products: the matrix units where the runtime has them.
+        let (y, ibar, stats) = super::cube_tiles::launch(
+            (p1, p2, info, lambda),
+            &FlashParams {
+                scale,
+                inv_tau,
+                segments,
+                exchange_only,
+            },
+            save_ibar,
+        );
+        return Forward { y, ibar, stats };
+    }
     let dims = p1.meta.shape().clone();
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
     let tiling = Tiling::new(&p1.client, d, 2);

@@ -5,6 +5,8 @@ pub(crate) mod autodiff;
 pub(crate) mod cube;
 #[cfg(feature = "cube")]
 mod cube_backward;
+#[cfg(feature = "cube")]
+mod cube_tiles;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
 #[cfg(feature = "flex")]

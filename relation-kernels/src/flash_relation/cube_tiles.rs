@@ -1,0 +1,420 @@
+//! FlashRelation's forward on tile products (`crate::tile_mma`): the half-precision path of the
+//! CubeCL kernels, on the matrix units (tensor cores) where the runtime has them.
+//!
+//! # Work split
+//!
+//! One cube per `(query block of one sequence, head)` as in the row kernel (`cube.rs`), but a
+//! block is `16 · planes` query rows and the cube is `lanes x planes` units: plane `p`
+//! (`UNIT_POS_Y`) owns rows `16p .. 16p + 16` of the block for the products, and all units share
+//! the key and value tiles. Per key tile of `block_k` rows:
+//!
+//! ```text
+//! S  = Q · P2ᵀ              (tile products, f32 accumulation)       16 x block_k per plane
+//! E  = SiLU(S / sqrt(D)),  j < i only; the online-softmax max m and sum l per row (f32)
+//! O  = O · e^{m_old - m} + π · Ĩ,   π = e^{E - m} rounded to the input dtype
+//! ```
+//!
+//! then the Self merge, `Y`, `Ī` and the statistics exactly as in the row kernel (`L = m + log l`,
+//! `S = sigmoid(U_ii / tau)`, `g = sigmoid(L - λ log i - S)`; row 1 pure Self).
+//!
+//! # Shared memory
+//!
+//! `Q` (block x Dp), the key and value tiles (`block_k x Dp`) and `π` (block x block_k) in the
+//! input dtype; the scores `S` (block x block_k) and the accumulator `O` (block x Dp) in f32;
+//! three f32 per row (`m`, `l`, the rescale factor). `Dp` is the head dimension rounded up to 16
+//! (the fragment depth), the padding columns zero. The accumulator passes through shared memory
+//! between key tiles because the online softmax rescales it row by row.
+//!
+//! # Rounding
+//!
+//! The products see the stored input values (f16 or bf16) and add in f32 on both paths; `π` is
+//! rounded to the input dtype before `π · Ĩ`, as FlashAttention does, while `l` sums the f32
+//! values. The f32 row kernel stays the f32 path: no operand of it is rounded.
+
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn::tensor::{DType, Shape};
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::client::Client;
+use cubecl::prelude::*;
+
+use super::{NO_HISTORY_LSE, STATS, stat};
+use crate::cube::{SequenceTiles, empty_like, empty_like_dtype, history_blocks, seq_tile, sigmoid};
+use crate::ops::FlashParams;
+use crate::tile_mma::{TILE, TilePath, tile_path, tile_product};
+
+/// Block and tile sizes of one tiled launch, from the device's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TileShape {
+    /// Units per plane (the plane size where the runtime has planes).
+    pub lanes: usize,
+    /// Planes per cube; the query block is `16 · planes` rows.
+    pub planes: usize,
+    /// Key rows per shared-memory tile (a multiple of 16).
+    pub block_k: usize,
+    /// The head dimension rounded up to 16.
+    pub padded: usize,
+}
+
+impl TileShape {
+    /// The largest block (up to 4 planes) and key tile (up to 64 rows) whose shared memory fits
+    /// the device, for head dimension `head_dim` in a dtype of `elem_bytes` bytes.
+    pub fn new(client: &Client, head_dim: usize, elem_bytes: usize) -> Self {
+        let hardware = &client.properties().hardware;
+        let lanes = (hardware.plane_size_max as usize).clamp(1, 32);
+        let max_units = (hardware.max_units_per_cube as usize).max(1);
+        let padded = head_dim.next_multiple_of(TILE);
+        let budget = hardware.max_shared_memory_size.saturating_sub(1024);
+        let mut best = None;
+        'search: for planes in (1..=4usize).rev() {
+            if planes > 1 && lanes * planes > max_units {
+                continue;
+            }
+            for block_k in [64usize, 32, 16] {
+                if shared_bytes(planes * TILE, block_k, padded, elem_bytes) <= budget {
+                    best = Some((planes, block_k));
+                    break 'search;
+                }
+            }
+        }
+        // A device too small for even one plane and 16 keys takes that shape anyway and fails
+        // at launch with the runtime's own message (no CubeCL runtime has less than 16 KiB).
+        let (planes, block_k) = best.unwrap_or((1, TILE));
+        let lanes = lanes.min(max_units);
+        tracing::trace!(head_dim, lanes, planes, block_k, padded, "cube tile shape");
+        Self {
+            lanes,
+            planes,
+            block_k,
+            padded,
+        }
+    }
+
+    /// Query rows per cube.
+    pub fn block_q(&self) -> usize {
+        self.planes * TILE
+    }
+}
+
+/// Shared memory of one cube with `rows` query rows, key tiles of `block_k` rows and `padded`
+/// columns, in a dtype of `elem_bytes` bytes (the layout in the module's documentation).
+fn shared_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -> usize {
+    let input = rows * padded + 2 * block_k * padded + rows * block_k;
+    let f32s = rows * block_k + rows * padded + 3 * rows;
+    input * elem_bytes + f32s * 4
+}
+
+/// Copies rows `first .. first + rows` of one head of a `[.., H, D]` input into `tile` (`rows x
+/// padded`, row-major, input dtype), zero past row `seq` and in the padding columns. Every unit of
+/// the cube takes part; the caller synchronises.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+fn load_padded<F: Float>(
+    src: &Tensor<F>,
+    tile: &mut Shared<[F]>,
+    base: usize,
+    row_stride: usize,
+    first: usize,
+    seq: usize,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded: usize,
+) {
+    let units = (CUBE_DIM_X * CUBE_DIM_Y) as usize;
+    let mut idx = (UNIT_POS_Y * CUBE_DIM_X + UNIT_POS_X) as usize;
+    while idx < rows * padded {
+        let t = first + idx / padded;
+        let c = idx % padded;
+        let mut x = F::new(0.0);
+        if t < seq && c < head_dim {
+            x = src[base + t * row_stride + c];
+        }
+        tile[idx] = x;
+        idx += units;
+    }
+}
+
+#[cube(launch)]
+#[allow(clippy::too_many_arguments)]
+fn flash_relation_fwd_tiles_kernel<F: Float>(
+    p1: &Tensor<F>,
+    p2: &Tensor<F>,
+    info: &Tensor<F>,
+    lambda: &Tensor<F>,
+    y: &mut Tensor<F>,
+    ibar_out: &mut Tensor<F>,
+    stats: &mut Tensor<f32>,
+    tiles: &Tensor<u32>,
+    scale: f32,
+    inv_tau: f32,
+    #[comptime] head_dim: usize,
+    #[comptime] padded: usize,
+    #[comptime] planes: usize,
+    #[comptime] block_k: usize,
+    #[comptime] save_ibar: bool,
+    #[comptime] exchange_only: bool,
+    #[comptime] matrix_units: bool,
+    #[define(F)] _dtype: ElemType,
+) {
+    let at = seq_tile::<F>(p1, tiles, head_dim);
+    let block_q = comptime!(planes * 16);
+    let lane = UNIT_POS_X as usize;
+    let lanes = CUBE_DIM_X as usize;
+    let plane = UNIT_POS_Y as usize;
+    let unit = plane * lanes + lane;
+    let units = lanes * comptime!(planes);
+
+    let mut q_s = Shared::<[F]>::new_slice(comptime!(planes * 16 * padded));
+    let mut k_s = Shared::<[F]>::new_slice(comptime!(block_k * padded));
+    let mut v_s = Shared::<[F]>::new_slice(comptime!(block_k * padded));
+    let mut pi_s = Shared::<[F]>::new_slice(comptime!(planes * 16 * block_k));
+    let mut s_s = Shared::<[f32]>::new_slice(comptime!(planes * 16 * block_k));
+    let mut o_s = Shared::<[f32]>::new_slice(comptime!(planes * 16 * padded));
+    // Per row: running max, running sum, this tile's rescale factor.
+    let mut m_s = Shared::<[f32]>::new_slice(comptime!(planes * 16));
+    let mut l_s = Shared::<[f32]>::new_slice(comptime!(planes * 16));
+    let mut r_s = Shared::<[f32]>::new_slice(comptime!(planes * 16));
+
+    load_padded::<F>(
+        p1,
+        &mut q_s,
+        at.base,
+        at.row_stride,
+        at.first,
+        at.seq,
+        block_q,
+        head_dim,
+        padded,
+    );
+    let mut idx = unit;
+    while idx < block_q * padded {
+        o_s[idx] = 0.0f32;
+        idx += units;
+    }
+    let mut r = unit;
+    while r < block_q {
+        // SiLU >= -0.2785: a running max starting at 0 keeps every exponent <= 0.28.
+        m_s[r] = 0.0f32;
+        l_s[r] = 0.0f32;
+        r += units;
+    }
+
+    let q_start = plane * 16 * padded;
+    let s_start = plane * 16 * block_k;
+    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
+    for kb in 0..num_blocks {
+        let j0 = kb * block_k;
+        load_padded::<F>(
+            p2,
+            &mut k_s,
+            at.base,
+            at.row_stride,
+            j0,
+            at.seq,
+            block_k,
+            head_dim,
+            padded,
+        );
+        load_padded::<F>(
+            info,
+            &mut v_s,
+            at.base,
+            at.row_stride,
+            j0,
+            at.seq,
+            block_k,
+            head_dim,
+            padded,
+        );
+        let mut idx = lane;
+        while idx < 16 * block_k {
+            s_s[s_start + idx] = 0.0f32;
+            idx += lanes;
+        }
+        sync_cube();
+
+        // S = Q · P2ᵀ for this plane's 16 rows, 16 keys at a time (P2's rows are Bᵀ's columns).
+        #[unroll]
+        for nt in 0..block_k / 16 {
+            tile_product::<F>(
+                &q_s,
+                q_start,
+                padded,
+                &k_s,
+                nt * 16 * padded,
+                padded,
+                &mut s_s,
+                s_start + nt * 16,
+                block_k,
+                lane,
+                lanes,
+                padded,
+                true,
+                matrix_units,
+            );
+        }
+        sync_cube();
+
+        // The online softmax over the history j < i of each row (one unit per row).
+        let mut r = unit;
+        while r < block_q {
+            let i = at.first + r;
+            let mut count = 0usize;
+            if i > j0 && i < at.seq {
+                count = i - j0;
+                if count > block_k {
+                    count = block_k;
+                }
+            }
+            let m_old = m_s[r];
+            let mut m_new = m_old;
+            for c in 0..count {
+                let u = s_s[r * block_k + c] * scale;
+                let e = u * sigmoid(u);
+                if e > m_new {
+                    m_new = e;
+                }
+            }
+            let mut sum = l_s[r] * (m_old - m_new).exp();
+            #[unroll]
+            for c in 0..block_k {
+                let mut p = 0.0f32;
+                if c < count {
+                    let u = s_s[r * block_k + c] * scale;
+                    p = (u * sigmoid(u) - m_new).exp();
+                }
+                sum += p;
+                pi_s[r * block_k + c] = F::cast_from(p);
+            }
+            r_s[r] = (m_old - m_new).exp();
+            m_s[r] = m_new;
+            l_s[r] = sum;
+            r += units;
+        }
+        sync_cube();
+
+        let mut idx = unit;
+        while idx < block_q * padded {
+            o_s[idx] *= r_s[idx / padded];
+            idx += units;
+        }
+        sync_cube();
+
+        // O += π · Ĩ for this plane's rows, 16 columns at a time (Ĩ by rows).
+        #[unroll]
+        for dt in 0..padded / 16 {
+            tile_product::<F>(
+                &pi_s,
+                s_start,
+                block_k,
+                &v_s,
+                dt * 16,
+                padded,
+                &mut o_s,
+                q_start + dt * 16,
+                padded,
+                lane,
+                lanes,
+                block_k,
+                false,
+                matrix_units,
+            );
+        }
+        sync_cube();
+    }
+
+    // The Self merge and the outputs, one unit per row.
+    let mut r = unit;
+    while r < block_q {
+        let i = at.first + r;
+        if i < at.seq {
+            let row = at.base + i * at.row_stride;
+            let mut u_self = f32::new(0.0);
+            #[unroll]
+            for d in 0..head_dim {
+                u_self += f32::cast_from(p1[row + d]) * f32::cast_from(p2[row + d]);
+            }
+            let s = sigmoid(u_self * scale * inv_tau);
+            let mut lse = f32::new(NO_HISTORY_LSE);
+            let mut g = f32::new(0.0);
+            let mut inv_l = f32::new(0.0);
+            if i > 0 {
+                let l = l_s[r];
+                lse = m_s[r] + l.ln();
+                let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
+                g = sigmoid(log_mass - s);
+                if comptime!(exchange_only) {
+                    g = 1.0f32;
+                }
+                inv_l = 1.0f32 / l;
+            }
+            #[unroll]
+            for d in 0..head_dim {
+                let v = f32::cast_from(info[row + d]);
+                let ibar = o_s[r * padded + d] * inv_l;
+                y[row + d] = F::cast_from(v + g * (ibar - v));
+                if comptime!(save_ibar) {
+                    ibar_out[row + d] = F::cast_from(ibar);
+                }
+            }
+            let srow = (at.rows_base + i * at.heads) * STATS;
+            stats[srow + stat::LSE] = lse;
+            stats[srow + stat::SELF] = s;
+            stats[srow + stat::SHARE] = g;
+        }
+        r += units;
+    }
+}
+
+/// The forward on tile products for contiguous `p1`, `p2`, `info` `[B, T, H, D]` in f16 or bf16:
+/// `(Y, Ī or a one-element placeholder, stats [B, T, H, 3])`, as the row kernel returns them.
+pub(super) fn launch(
+    (p1, p2, info, lambda): (CubeTensor, CubeTensor, CubeTensor, CubeTensor),
+    params: &FlashParams,
+    save_ibar: bool,
+) -> (CubeTensor, CubeTensor, CubeTensor) {
+    let dims = p1.meta.shape().clone();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let dtype = p1.dtype;
+    let elem_bytes = if dtype == DType::F32 { 4 } else { 2 };
+    let shape = TileShape::new(&p1.client, d, elem_bytes);
+    let path = tile_path(&p1.client, dtype);
+    let y = empty_like(&p1, dims.clone());
+    let ibar = if save_ibar {
+        empty_like(&p1, dims.clone())
+    } else {
+        empty_like(&p1, Shape::new([1]))
+    };
+    let stats = empty_like_dtype(&p1, Shape::new([b, t, h, STATS]), DType::F32);
+    let tiles = SequenceTiles::new(
+        &p1,
+        &crate::sequence::sequences(b, t, params.segments.as_ref()),
+        shape.block_q(),
+        h,
+    );
+    let client = p1.client.clone();
+    tracing::trace!(?path, "flash forward on tile products");
+    flash_relation_fwd_tiles_kernel::launch(
+        &client,
+        tiles.count,
+        CubeDim::new_2d(shape.lanes as u32, shape.planes as u32),
+        p1.into_tensor_arg(),
+        p2.into_tensor_arg(),
+        info.into_tensor_arg(),
+        lambda.into_tensor_arg(),
+        y.clone().into_tensor_arg(),
+        ibar.clone().into_tensor_arg(),
+        stats.clone().into_tensor_arg(),
+        tiles.table.into_tensor_arg(),
+        params.scale,
+        params.inv_tau,
+        d,
+        shape.padded,
+        shape.planes,
+        shape.block_k,
+        save_ibar,
+        params.exchange_only,
+        path == TilePath::MatrixUnits,
+        dtype_to_storage_type(dtype),
+    );
+    (y, ibar, stats)
+}
