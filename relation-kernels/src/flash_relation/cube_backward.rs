@@ -16,11 +16,11 @@ use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
 /// (at their [`stat`] channels), then:
-const ROWS: usize = 6;
+pub(super) const ROWS: usize = 6;
 /// `dA_i = (dY_i · (Ī_i - Ĩ_i)) g_i (1 - g_i)`.
-const ROW_DA: usize = 3;
+pub(super) const ROW_DA: usize = 3;
 /// `D_i = dĪ_i · Ī_i = g_i dY_i · Ī_i`.
-const ROW_D: usize = 4;
+pub(super) const ROW_D: usize = 4;
 /// `dA_i log i`, summed into `dlambda`.
 const ROW_DA_LOG_I: usize = 5;
 
@@ -345,6 +345,25 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         dtype,
     );
 
+    if matches!(p1.dtype, DType::F16 | DType::BF16) {
+        // Half precision runs on tile products, as the forward does.
+        let (dp1, dp2, dinfo) = super::cube_tiles_backward::launch(
+            (p1, p2, info, dy),
+            &rows,
+            &FlashParams {
+                scale,
+                inv_tau,
+                segments,
+                exchange_only: false,
+            },
+        );
+        return Gradients {
+            p1: dp1,
+            p2: dp2,
+            info: dinfo,
+            rows,
+        };
+    }
     let dp1 = empty_like(&p1, dims.clone());
     flash_relation_dq_kernel::launch(
         &client,

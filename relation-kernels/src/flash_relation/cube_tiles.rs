@@ -57,8 +57,14 @@ pub(crate) struct TileShape {
 
 impl TileShape {
     /// The largest block (up to 4 planes) and key tile (up to 64 rows) whose shared memory fits
-    /// the device, for head dimension `head_dim` in a dtype of `elem_bytes` bytes.
-    pub fn new(client: &Client, head_dim: usize, elem_bytes: usize) -> Self {
+    /// the device, for head dimension `head_dim` in a dtype of `elem_bytes` bytes; `bytes` gives
+    /// a kernel's shared memory for `(rows, block_k, padded, elem_bytes)`.
+    pub fn new(
+        client: &Client,
+        head_dim: usize,
+        elem_bytes: usize,
+        bytes: impl Fn(usize, usize, usize, usize) -> usize,
+    ) -> Self {
         let hardware = &client.properties().hardware;
         let lanes = (hardware.plane_size_max as usize).clamp(1, 32);
         let max_units = (hardware.max_units_per_cube as usize).max(1);
@@ -70,7 +76,7 @@ impl TileShape {
                 continue;
             }
             for block_k in [64usize, 32, 16] {
-                if shared_bytes(planes * TILE, block_k, padded, elem_bytes) <= budget {
+                if bytes(planes * TILE, block_k, padded, elem_bytes) <= budget {
                     best = Some((planes, block_k));
                     break 'search;
                 }
@@ -95,9 +101,9 @@ impl TileShape {
     }
 }
 
-/// Shared memory of one cube with `rows` query rows, key tiles of `block_k` rows and `padded`
-/// columns, in a dtype of `elem_bytes` bytes (the layout in the module's documentation).
-fn shared_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -> usize {
+/// Shared memory of one forward cube with `rows` query rows, key tiles of `block_k` rows and
+/// `padded` columns, in a dtype of `elem_bytes` bytes (the layout in the module's documentation).
+fn forward_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -> usize {
     let input = rows * padded + 2 * block_k * padded + rows * block_k;
     let f32s = rows * block_k + rows * padded + 3 * rows;
     input * elem_bytes + f32s * 4
@@ -108,7 +114,7 @@ fn shared_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -
 /// the cube takes part; the caller synchronises.
 #[cube]
 #[allow(clippy::too_many_arguments)]
-fn load_padded<F: Float>(
+pub(super) fn load_padded<F: Float>(
     src: &Tensor<F>,
     tile: &mut Shared<[F]>,
     base: usize,
@@ -376,7 +382,7 @@ pub(super) fn launch(
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
     let dtype = p1.dtype;
     let elem_bytes = if dtype == DType::F32 { 4 } else { 2 };
-    let shape = TileShape::new(&p1.client, d, elem_bytes);
+    let shape = TileShape::new(&p1.client, d, elem_bytes, forward_bytes);
     let path = tile_path(&p1.client, dtype);
     let y = empty_like(&p1, dims.clone());
     let ibar = if save_ibar {

@@ -7,6 +7,8 @@ pub(crate) mod cube;
 mod cube_backward;
 #[cfg(feature = "cube")]
 mod cube_tiles;
+#[cfg(feature = "cube")]
+mod cube_tiles_backward;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
 #[cfg(feature = "flex")]
