@@ -108,6 +108,8 @@ struct Row {
     method: String,
     forward_ms: f64,
     train_ms: f64,
+    /// The FlashRelation tables' `fwd TFLOP/s` column (the ninth), where the table has one.
+    tflops: Option<f64>,
 }
 
 /// The rows of the markdown table in `text` whose first cell is a number and whose timings
@@ -130,6 +132,7 @@ fn rows(text: &str) -> Option<(Vec<Row>, Vec<String>)> {
             method: cells[2].to_string(),
             forward_ms: cells[3].parse().ok()?,
             train_ms: cells[4].parse().ok()?,
+            tflops: cells.get(9).and_then(|c| c.parse().ok()),
         });
     }
     Some((out, failed))
@@ -245,18 +248,35 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
     }
 
     // 2. FlashRelation: fused vs materialized and vs Burn's attention, per device and dtype.
-    md += "## FlashRelation (largest T <= 1024 measured)\n\n";
+    md += "## FlashRelation (largest T <= 1024 measured; B 8: also the largest T)\n\n";
     let _ = writeln!(md, "Paper: {ANCHOR_FUSED_VS_MATERIALIZED}.\n");
-    md += "| device | dtype | T | fused fwd ms | materialized / fused fwd | materialized / fused train | attention / fused train |\n";
-    md += "|---|---|---|---|---|---|---|\n";
+    md += "| device | dtype | B | T | fused fwd ms | materialized / fused fwd | materialized / fused train | attention / fused train | emulated / fused fwd | fused fwd TFLOP/s | share of matmul |\n";
+    md += "|---|---|---|---|---|---|---|---|---|---|---|\n";
+    // The B = 1 tables of every dtype, then bf16 at B = 8 (a batch that fills a large GPU) at
+    // T = 1024 and at the table's largest T.
+    let tables = args
+        .dtypes
+        .iter()
+        .map(|d| (d.as_str(), 1usize, 1024usize))
+        .chain([("bf16", 8, 1024), ("bf16", 8, usize::MAX)]);
     for device in &args.devices {
-        for dtype in &args.dtypes {
-            let name = format!("flash_relation_{dtype}_{device}.md");
+        for (dtype, batch, at_seq) in tables.clone() {
+            let name = if batch == 1 {
+                format!("flash_relation_{dtype}_{device}.md")
+            } else {
+                format!("flash_relation_{dtype}_b{batch}_{device}.md")
+            };
             let Some(text) = read(dir, &name, &mut problems) else {
                 continue;
             };
             if text.contains("not supported by this device") {
-                let _ = writeln!(md, "| {device} | {dtype} | - | not supported | | | |");
+                if at_seq == usize::MAX {
+                    continue; // said once, at T = 1024
+                }
+                let _ = writeln!(
+                    md,
+                    "| {device} | {dtype} | {batch} | - | not supported | | | | | | |"
+                );
                 continue;
             }
             let Some((rows, failed)) = rows(&text) else {
@@ -264,8 +284,8 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 continue;
             };
             failed_rows(&mut problems, &name, &failed);
-            let Some(fused) = at_or_below(&rows, "fused", 1024) else {
-                problems.push(format!("{name}: no `fused` row at T <= 1024"));
+            let Some(fused) = at_or_below(&rows, "fused", at_seq) else {
+                problems.push(format!("{name}: no `fused` row at T <= {at_seq}"));
                 continue;
             };
             let ratio = |method: &str, train: bool| {
@@ -280,14 +300,23 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                         format!("{:.2}x", a / b)
                     })
             };
+            let matmul = rows
+                .iter()
+                .find(|r| r.method.starts_with("matmul") && r.seq == fused.seq);
+            // Both rows count the same FLOPs, so the share is the ratio of the times.
+            let share = matmul.map_or("-".into(), |m| {
+                format!("{:.0} %", 100.0 * m.forward_ms / fused.forward_ms)
+            });
             let _ = writeln!(
                 md,
-                "| {device} | {dtype} | {} | {:.3} | {} | {} | {} |",
+                "| {device} | {dtype} | {batch} | {} | {:.3} | {} | {} | {} | {} | {} | {share} |",
                 fused.seq,
                 fused.forward_ms,
                 ratio("materialized", false),
                 ratio("materialized", true),
                 ratio("burn attention", true),
+                ratio("fused, emulated tiles", false),
+                fused.tflops.map_or("-".into(), |t| format!("{t:.3}")),
             );
         }
     }

@@ -69,19 +69,27 @@ pub struct Args {
     skip_attention_above: usize,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Method {
     Fused,
+    /// The fused kernels with their tile products forced onto the emulated path (listed only
+    /// where the device has matrix units for the dtype).
+    FusedEmulated,
     Materialized,
     BurnAttention,
+    /// Burn's batched matmul `P1 · P2ᵀ` per (batch, head), `[T, D] x [D, T]`: the GEMM rate at
+    /// the same shapes (its output is the scores, not checked against the Relation).
+    Matmul,
 }
 
 impl Method {
     fn name(self) -> &'static str {
         match self {
             Self::Fused => "fused",
+            Self::FusedEmulated => "fused, emulated tiles",
             Self::Materialized => "materialized",
             Self::BurnAttention => "burn attention",
+            Self::Matmul => "matmul P1·P2ᵀ",
         }
     }
 }
@@ -102,6 +110,23 @@ fn apply(
             Strategy::Fused,
         )
         .expect("fused"),
+        Method::FusedEmulated => {
+            relation_kernels::debug::force_emulated_tiles(true);
+            let y = flash_relation(
+                FlashInputs::new(p1, p2, info),
+                lambda,
+                DEFAULT_TAU,
+                Strategy::Fused,
+            )
+            .expect("fused");
+            relation_kernels::debug::force_emulated_tiles(false);
+            y
+        }
+        Method::Matmul => {
+            let _ = (info, lambda);
+            p1.swap_dims(1, 2)
+                .matmul(p2.swap_dims(1, 2).swap_dims(2, 3))
+        }
         Method::Materialized => {
             naive_parallel_relation(p1, p2, info, lambda, DEFAULT_TAU).expect("reference")
         }
@@ -268,7 +293,9 @@ fn measure(method: Method, args: &Args, device: &Device, seq: usize) -> Result<M
     // The output check, before anything is timed.
     let (p1, p2, info) = (make(1, device), make(2, device), make(3, device));
     let y = apply(method, p1.clone(), p2.clone(), info.clone(), lambda(device));
-    check_output(method, &y, [&p1, &p2, &info], args.dtype)?;
+    if method != Method::Matmul {
+        check_output(method, &y, [&p1, &p2, &info], args.dtype)?;
+    }
     drop(y);
 
     // Forward only.
@@ -325,11 +352,16 @@ pub fn run(args: &Args) {
         }
         return;
     }
-    let methods: Vec<Method> = if has_kernels(&device) {
+    let mut methods: Vec<Method> = if has_kernels(&device) {
         vec![Method::Fused, Method::Materialized, Method::BurnAttention]
     } else {
         vec![Method::Materialized, Method::BurnAttention]
     };
+    let tiles = relation_kernels::debug::tiles_on_matrix_units(&device, args.dtype);
+    if tiles == Some(true) {
+        methods.insert(1, Method::FusedEmulated);
+    }
+    methods.push(Method::Matmul);
     let mut table = String::new();
     table += &format!(
         "FlashRelation benchmark on {}, B = {}, H = {}, D = {}, {:?}, mean of {} iterations\n\n",
@@ -340,8 +372,19 @@ pub fn run(args: &Args) {
         args.dtype,
         args.bench.iters_or(ITERS)
     );
-    table += "| T | method | forward ms | train ms | held after fwd MiB | train peak MiB | fwd / fused | train / fused |\n";
-    table += "|---|---|---|---|---|---|---|---|\n";
+    if let (Some(units), DType::F16 | DType::BF16) = (tiles, args.dtype) {
+        let path = if units {
+            "the matrix units"
+        } else {
+            "emulated"
+        };
+        table += &format!("Tile products of the fused kernels on this device: {path}.\n");
+    }
+    table += "fwd TFLOP/s counts 2·B·H·T²·D for every row (the causal forward's two half-square products, \
+        or the matmul row's one full product), so fused over matmul is the fused forward's share of \
+        the GEMM rate at the same shapes.\n\n";
+    table += "| T | method | forward ms | train ms | held after fwd MiB | train peak MiB | fwd / fused | train / fused | fwd TFLOP/s |\n";
+    table += "|---|---|---|---|---|---|---|---|---|\n";
     print!("{table}");
     for &seq in &args.bench.seqs_or(&SEQS) {
         let mut fused: Option<Measure> = None;
@@ -355,7 +398,7 @@ pub fn run(args: &Args) {
                 Ok(m) => m,
                 Err(why) => {
                     let row = format!(
-                        "| {seq} | {} | failed: {why} | failed | - | - | - | - |\n",
+                        "| {seq} | {} | failed: {why} | failed | - | - | - | - | - |\n",
                         method.name()
                     );
                     print!("{row}");
@@ -368,8 +411,11 @@ pub fn run(args: &Args) {
                     format!("{:.2}x", a.as_secs_f64() / b.as_secs_f64())
                 })
             };
+            let flops = 2.0
+                * (args.batch * args.bench.heads * args.bench.head_dim) as f64
+                * (seq as f64).powi(2);
             let row = format!(
-                "| {seq} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {seq} | {} | {} | {} | {} | {} | {} | {} | {:.3} |\n",
                 method.name(),
                 ms(m.forward),
                 ms(m.train),
@@ -377,6 +423,7 @@ pub fn run(args: &Args) {
                 peak_mib(m.peak_bytes),
                 ratio(m.forward, fused.as_ref().map(|f| f.forward)),
                 ratio(m.train, fused.as_ref().map(|f| f.train)),
+                flops / m.forward.as_secs_f64() / 1e12,
             );
             print!("{row}");
             std::io::stdout().flush().ok();

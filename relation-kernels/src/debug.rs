@@ -154,3 +154,27 @@ pub fn dense_product(
 /// on a device.
 #[cfg(all(feature = "cube", feature = "testing"))]
 pub use crate::tile_mma::{TilePath, cube_tile_path, cube_tile_product};
+
+/// Makes every later tile product of the CubeCL kernels in this process take the emulated path
+/// (`true`), or the path the runtime allows (`false`): a benchmark's comparison of the two on one
+/// GPU. Does nothing in a build without CubeCL runtimes.
+pub fn force_emulated_tiles(on: bool) {
+    #[cfg(feature = "cube")]
+    crate::tile_mma::force_emulated(on);
+    #[cfg(not(feature = "cube"))]
+    let _ = on;
+}
+
+/// Whether the CubeCL kernels' tile products for `dtype` inputs run on `device`'s matrix units
+/// (`Some(true)`), emulated (`Some(false)`), or `device` is not a CubeCL device (`None`).
+pub fn tiles_on_matrix_units(
+    device: &burn::tensor::Device,
+    dtype: burn::tensor::DType,
+) -> Option<bool> {
+    #[cfg(feature = "cube")]
+    if crate::is_cube(device) {
+        return Some(cube_tile_path(device, dtype) == TilePath::MatrixUnits);
+    }
+    let _ = (device, dtype);
+    None
+}

@@ -38,6 +38,8 @@ mod flex;
 mod linear_mode;
 mod linear_relation;
 mod lm;
+#[cfg(all(feature = "testing", feature = "cuda"))]
+pub mod nvptx;
 mod optim;
 // Without any kernel backend the generated extension code leaves the kernel parameters unused.
 #[cfg_attr(not(any(feature = "cube", feature = "flex")), allow(unused_variables))]

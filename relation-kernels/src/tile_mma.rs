@@ -15,7 +15,11 @@
 //! - `C`: 16 x 16 f32, row-major: `(r, n)` at `c_start + r · c_stride + n`.
 //!
 //! `depth` is a multiple of 16 (a head dimension is padded to it); strides are multiples of 8
-//! elements for the fragments' loads (16 bytes in f16/bf16).
+//! elements for the fragments' loads (16 bytes in f16/bf16). Each fragment is handed the exact
+//! span its 16 rows (or columns) cover, never past the last element it reads, so a tile at the
+//! end of a shared array stays inside it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use burn::tensor::DType;
 use cubecl::ir::features::MmaConfig;
@@ -34,12 +38,24 @@ pub enum TilePath {
     Emulated,
 }
 
+/// Set by [`force_emulated`]: every launch takes the emulated path.
+static FORCE_EMULATED: AtomicBool = AtomicBool::new(false);
+
+/// Makes every later launch in this process take the emulated path (`true`) or the one
+/// [`tile_path`] finds (`false`). Launches already queued keep their path.
+#[cfg(feature = "testing")]
+pub(crate) fn force_emulated(on: bool) {
+    FORCE_EMULATED.store(on, Ordering::Relaxed);
+}
+
 /// The matrix units' path where `client`'s runtime has 16 x 16 x 16 fragments of `dtype` with
 /// f32 accumulation (f16 or bf16; f32 inputs stay exact, on the emulated path), else the
 /// emulated one. `RELATION_TILE_PATH=emulated` forces the emulated path everywhere (a test or a
 /// comparison on a GPU).
 pub(crate) fn tile_path(client: &cubecl::client::Client, dtype: DType) -> TilePath {
-    if std::env::var("RELATION_TILE_PATH").is_ok_and(|v| v == "emulated") {
+    if FORCE_EMULATED.load(Ordering::Relaxed)
+        || std::env::var("RELATION_TILE_PATH").is_ok_and(|v| v == "emulated")
+    {
         return TilePath::Emulated;
     }
     let elem = match dtype {
@@ -91,7 +107,7 @@ pub(crate) fn tile_product<F: Float>(
             16usize,
             16usize,
             cmma::MatrixLayout::RowMajor,
-            c.slice(c_start, c_start + 16 * c_stride),
+            c.slice(c_start, c_start + 15 * c_stride + 16),
             c_stride as u32,
         );
         #[unroll]
@@ -103,7 +119,7 @@ pub(crate) fn tile_product<F: Float>(
                 16usize,
                 16usize,
                 cmma::MatrixLayout::RowMajor,
-                a.slice(a_start + k0, a_start + k0 + 16 * a_stride),
+                a.slice(a_start + k0, a_start + k0 + 15 * a_stride + 16),
                 a_stride as u32,
             );
             if comptime!(b_by_columns) {
@@ -113,7 +129,7 @@ pub(crate) fn tile_product<F: Float>(
                     16usize,
                     16usize,
                     cmma::MatrixLayout::ColMajor,
-                    b.slice(b_start + k0, b_start + k0 + 16 * b_stride),
+                    b.slice(b_start + k0, b_start + k0 + 15 * b_stride + 16),
                     b_stride as u32,
                 );
                 cmma::execute(&a_frag, &b_frag, &acc, &acc);
@@ -124,14 +140,14 @@ pub(crate) fn tile_product<F: Float>(
                     16usize,
                     16usize,
                     cmma::MatrixLayout::RowMajor,
-                    b.slice(b_start + k0 * b_stride, b_start + (k0 + 16) * b_stride),
+                    b.slice(b_start + k0 * b_stride, b_start + (k0 + 15) * b_stride + 16),
                     b_stride as u32,
                 );
                 cmma::execute(&a_frag, &b_frag, &acc, &acc);
             }
         }
         cmma::store(
-            c.slice_mut(c_start, c_start + 16 * c_stride),
+            c.slice_mut(c_start, c_start + 15 * c_stride + 16),
             &acc,
             c_stride as u32,
             cmma::MatrixLayout::RowMajor,
@@ -295,7 +311,7 @@ pub fn cube_tile_product(
 /// # Panics
 /// A device that is not a CubeCL one.
 #[cfg(feature = "testing")]
-fn cube_device(device: &burn::tensor::Device) -> burn::backend::CubeDevice {
+pub(crate) fn cube_device(device: &burn::tensor::Device) -> burn::backend::CubeDevice {
     let inner = device.clone().inner();
     match inner.as_dispatch() {
         burn::backend::DispatchDevice::Cube(cube) => cube.clone(),

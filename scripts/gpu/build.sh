@@ -68,6 +68,12 @@ rm -rf .gpu/bin
 echo "compression: $(( $(date +%s) - start )) s"
 ls -la .gpu
 
+if [ "$mode" = --cuda ]; then
+  # The offline tensor-core check (no GPU needed): the tile kernels' PTX holds mma, no spills.
+  # The PTX stays in the target folder (not carried); the table goes with the bundle.
+  CARGO_TARGET_DIR="${CARGO_TARGET_DIR%-cuda}" scripts/gpu/nvptx-check.sh | tee .gpu/nvptx.md
+fi
+
 if [ "$mode" = --rehearse ]; then
   # The rehearsal runs where the tests ran: the loader is the system's, no .gl needed.
   du -sh .gpu

@@ -56,6 +56,7 @@ dtypes="f32 f16 bf16" # bf16 tables say "not supported" where the device has no 
 if [ "$rehearse" = 1 ]; then
   kernel_filter=flash_relation_f16; t_kernels=600; kernel_threads=1
   flash=(--seqs 64,128 --batch 1 --heads 2 --head-dim 32 --iters 1); t_flash=300
+  flash_b8=(--seqs 64 --batch 8 --heads 2 --head-dim 32 --iters 1)
   linear=(--seqs 64,128 --max-flash 128 --heads 2 --head-dim 32 --iters 1 --chunk 16); t_linear=300
   train=(--d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 64 --batch-size 2
     --tokens-per-step 128 --steps 4 --log-every 1 --eval-tokens 256); t_train=300
@@ -66,6 +67,9 @@ else
   kernel_filter=""; t_kernels=160; kernel_threads=4
   flash=(--seqs 512,1024,2048,4096,8192,16384 --batch 1 --heads 8 --head-dim 64 --iters 5
     --max-materialized 8192); t_flash=25
+  # bf16 at a batch that fills a large GPU (B 8 x H 8 = 64 heads of T x D); materialized only at
+  # T = 1024 (at 8K its T x T buffers alone are 8.6 GB each).
+  flash_b8=(--seqs 1024,8192 --batch 8 --heads 8 --head-dim 64 --iters 3 --max-materialized 1024)
   linear=(--seqs 1024,2048,4096,8192,16384,32768,65536 --max-flash 16384 --iters 3 --chunk 64)
   t_linear=45
   train=(--seq-len 1024 --batch-size 8 --tokens-per-step 8192 --steps 40 --log-every 5
@@ -87,6 +91,10 @@ for dev in $devices; do
       --out "$OUT/flash_relation_${dtype}_$dev.md" > "$OUT/bench-flash-${dtype}-$dev.log" 2>&1
     echo "flash $dtype $dev exit $?"
   done
+  # 2b. bf16 at B 8: the same methods, the GEMM rate, the emulated tiles where tensor cores exist.
+  timeout "$t_flash" "$bin/gpu_check" flash --device "$dev" --dtype bf16 "${flash_b8[@]}" \
+    --out "$OUT/flash_relation_bf16_b8_$dev.md" > "$OUT/bench-flash-bf16-b8-$dev.log" 2>&1
+  echo "flash bf16 b8 $dev exit $?"
   # 3. Linear Relation (chunked, recurrent) against FlashRelation as T grows.
   timeout "$t_linear" "$bin/gpu_check" linear --device "$dev" "${linear[@]}" \
     --out "$OUT/linear_relation_$dev.md" > "$OUT/bench-linear-$dev.log" 2>&1

@@ -66,10 +66,33 @@ impl TileShape {
         bytes: impl Fn(usize, usize, usize, usize) -> usize,
     ) -> Self {
         let hardware = &client.properties().hardware;
-        let lanes = (hardware.plane_size_max as usize).clamp(1, 32);
-        let max_units = (hardware.max_units_per_cube as usize).max(1);
+        let shape = Self::for_limits(
+            hardware.plane_size_max as usize,
+            hardware.max_units_per_cube as usize,
+            hardware.max_shared_memory_size,
+            head_dim,
+            elem_bytes,
+            bytes,
+        );
+        tracing::trace!(head_dim, ?shape, "cube tile shape");
+        shape
+    }
+
+    /// [`new`](Self::new) for a device with planes of `plane_size` units, at most `max_units`
+    /// units per cube and `max_shared` bytes of shared memory per cube.
+    pub fn for_limits(
+        plane_size: usize,
+        max_units: usize,
+        max_shared: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+        bytes: impl Fn(usize, usize, usize, usize) -> usize,
+    ) -> Self {
+        let lanes = plane_size.clamp(1, 32);
+        let max_units = max_units.max(1);
         let padded = head_dim.next_multiple_of(TILE);
-        let budget = hardware.max_shared_memory_size.saturating_sub(1024);
+        // Leave room for the runtime's own reservations.
+        let budget = max_shared.saturating_sub(1024);
         let mut best = None;
         'search: for planes in (1..=4usize).rev() {
             if planes > 1 && lanes * planes > max_units {
@@ -85,10 +108,8 @@ impl TileShape {
         // A device too small for even one plane and 16 keys takes that shape anyway and fails
         // at launch with the runtime's own message (no CubeCL runtime has less than 16 KiB).
         let (planes, block_k) = best.unwrap_or((1, TILE));
-        let lanes = lanes.min(max_units);
-        tracing::trace!(head_dim, lanes, planes, block_k, padded, "cube tile shape");
         Self {
-            lanes,
+            lanes: lanes.min(max_units),
             planes,
             block_k,
             padded,
@@ -103,7 +124,12 @@ impl TileShape {
 
 /// Shared memory of one forward cube with `rows` query rows, key tiles of `block_k` rows and
 /// `padded` columns, in a dtype of `elem_bytes` bytes (the layout in the module's documentation).
-fn forward_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -> usize {
+pub(crate) fn forward_bytes(
+    rows: usize,
+    block_k: usize,
+    padded: usize,
+    elem_bytes: usize,
+) -> usize {
     let input = rows * padded + 2 * block_k * padded + rows * block_k;
     let f32s = rows * block_k + rows * padded + 3 * rows;
     input * elem_bytes + f32s * 4
@@ -139,7 +165,7 @@ pub(super) fn load_padded<F: Float>(
     }
 }
 
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn flash_relation_fwd_tiles_kernel<F: Float>(
     p1: &Tensor<F>,
@@ -423,4 +449,45 @@ pub(super) fn launch(
         dtype_to_storage_type(dtype),
     );
     (y, ibar, stats)
+}
+
+/// The forward tile kernel as it would be launched on `(B, T, H, D)` inputs like `p` (any CubeCL
+/// device: the arguments are only described, never read) in `shape`, on the matrix units' path,
+/// for compiling with another runtime's compiler (the offline NVPTX check).
+#[cfg(all(feature = "testing", feature = "cuda"))]
+pub(crate) fn forward_definition(
+    p: &CubeTensor,
+    stats: &CubeTensor,
+    table: &CubeTensor,
+    shape: TileShape,
+    props: std::sync::Arc<cubecl::ir::DeviceProperties>,
+) -> cubecl::prelude::KernelDefinition {
+    use cubecl::prelude::CubeKernel;
+    let d = p.meta.shape()[3];
+    let client = p.client.clone();
+    flash_relation_fwd_tiles_kernel::create_dummy_kernel(
+        props.clone(),
+        client.target_properties_shared(),
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_2d(shape.lanes as u32, shape.planes as u32),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        stats.clone().into_tensor_arg(),
+        table.clone().into_tensor_arg(),
+        1.0,
+        1.0,
+        d,
+        shape.padded,
+        shape.planes,
+        shape.block_k,
+        true,
+        false,
+        true,
+        dtype_to_storage_type(p.dtype),
+    )
+    .define()
 }

@@ -108,7 +108,7 @@ fn score_grad(s: f32, dp: f32, lse: f32, offset: f32, scale: f32) -> ScoreGrad {
     }
 }
 
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn flash_relation_dq_tiles_kernel<F: Float>(
     p1: &Tensor<F>,
@@ -293,7 +293,7 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
     }
 }
 
-#[cube(launch)]
+#[cube(launch, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn flash_relation_dkdv_tiles_kernel<F: Float>(
     p1: &Tensor<F>,
@@ -511,14 +511,14 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
 }
 
 /// Shared memory of one `dp1` cube (`rows` query rows, `block_k` keys, `padded` columns).
-fn dq_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -> usize {
+pub(crate) fn dq_bytes(rows: usize, block_k: usize, padded: usize, elem_bytes: usize) -> usize {
     let input = 2 * rows * padded + 2 * block_k * padded + rows * block_k;
     let f32s = 2 * rows * block_k + rows * padded + 2 * rows;
     input * elem_bytes + f32s * 4
 }
 
 /// Shared memory of one `dp2`/`dĨ` cube (`rows` key rows, query tiles of `block_q` rows).
-fn dkdv_bytes(rows: usize, block_q: usize, padded: usize, elem_bytes: usize) -> usize {
+pub(crate) fn dkdv_bytes(rows: usize, block_q: usize, padded: usize, elem_bytes: usize) -> usize {
     let input = 2 * rows * padded + 2 * block_q * padded + 2 * rows * block_q;
     let f32s = 2 * rows * block_q + 2 * rows * padded + 2 * block_q;
     input * elem_bytes + f32s * 4
@@ -590,4 +590,70 @@ pub(super) fn launch(
         storage,
     );
     (dp1, dp2, dinfo)
+}
+
+/// The `dp1` and `dp2`/`dĨ` tile kernels as they would be launched on inputs like `p` (see
+/// `cube_tiles::forward_definition`), on the matrix units' path: `(dq, dkdv)`.
+#[cfg(all(feature = "testing", feature = "cuda"))]
+pub(crate) fn backward_definitions(
+    p: &CubeTensor,
+    rows: &CubeTensor,
+    table: &CubeTensor,
+    dq: TileShape,
+    dkdv: TileShape,
+    props: std::sync::Arc<cubecl::ir::DeviceProperties>,
+) -> (
+    cubecl::prelude::KernelDefinition,
+    cubecl::prelude::KernelDefinition,
+) {
+    use cubecl::prelude::CubeKernel;
+    let d = p.meta.shape()[3];
+    let client = p.client.clone();
+    let storage = dtype_to_storage_type(p.dtype);
+    let dq = flash_relation_dq_tiles_kernel::create_dummy_kernel(
+        props.clone(),
+        client.target_properties_shared(),
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_2d(dq.lanes as u32, dq.planes as u32),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        rows.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        table.clone().into_tensor_arg(),
+        1.0,
+        1.0,
+        d,
+        dq.padded,
+        dq.planes,
+        dq.block_k,
+        true,
+        storage,
+    )
+    .define();
+    let dkdv = flash_relation_dkdv_tiles_kernel::create_dummy_kernel(
+        props.clone(),
+        client.target_properties_shared(),
+        CubeCount::Static(1, 1, 1),
+        CubeDim::new_2d(dkdv.lanes as u32, dkdv.planes as u32),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        rows.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        p.clone().into_tensor_arg(),
+        table.clone().into_tensor_arg(),
+        1.0,
+        1.0,
+        d,
+        dkdv.padded,
+        dkdv.planes,
+        dkdv.block_k,
+        true,
+        storage,
+    )
+    .define();
+    (dq, dkdv)
 }

@@ -6,9 +6,9 @@ pub(crate) mod cube;
 #[cfg(feature = "cube")]
 mod cube_backward;
 #[cfg(feature = "cube")]
-mod cube_tiles;
+pub(crate) mod cube_tiles;
 #[cfg(feature = "cube")]
-mod cube_tiles_backward;
+pub(crate) mod cube_tiles_backward;
 #[cfg(feature = "flex")]
 pub(crate) mod flex;
 #[cfg(feature = "flex")]
