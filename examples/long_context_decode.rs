@@ -10,8 +10,11 @@
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example long_context_decode \
-//!     [-- --patterns L,LLLF,F --contexts 1024,10240,102400 --new-tokens 64]
+//!     [-- --patterns L,LLLF,F --contexts 1024,10240,102400 --new-tokens 64 --cache-dtypes f32,f16]
 //! ```
+//!
+//! `--cache-dtypes f32,f16` measures each pattern and context with the per-token caches kept in
+//! f32 and then in f16 (a half-precision Relation Cache: half the bytes per token).
 //!
 //! Beside each decoding speed: the bytes of cache a token reads (every cached row of every
 //! layer) times the tokens per second, and that rate as a share of the machine's memory
@@ -20,7 +23,7 @@
 
 use std::time::Instant;
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use clap::Parser;
 use relation_core::rng::SplitMix64;
 use relation_kernels::device::parse_device;
@@ -43,6 +46,20 @@ struct Args {
     /// Prompt tokens per prefill pass for models that are not all `F`/`L` layers.
     #[arg(long, default_value_t = relation_model::PREFILL_CHUNK)]
     chunk: usize,
+    /// Dtypes the per-token caches are kept in, comma-separated (`f32`, `f16`, `bf16`); each
+    /// pattern and context is measured with each, one after the other.
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
+    cache_dtypes: Vec<String>,
+}
+
+/// `f32`, `f16` or `bf16`.
+fn cache_dtype(name: &str) -> Result<DType, String> {
+    match name {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => Err(format!("cache dtype {other}: f32, f16 or bf16")),
+    }
 }
 
 /// The process's resident memory now, MiB (Linux; `None` elsewhere).
@@ -106,17 +123,26 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         rayon::current_num_threads()
     );
     println!(
-        "| pattern | context | prefill tok/s | decode tok/s | cache MiB | cache read GB/s | share of triad | resident MiB | resident change while decoding (MiB) |"
+        "| pattern | cache | context | prefill tok/s | decode tok/s | cache MiB | cache read GB/s | share of triad | resident MiB | resident change while decoding (MiB) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let storages = args
+        .cache_dtypes
+        .iter()
+        .map(|d| cache_dtype(d))
+        .collect::<Result<Vec<_>, _>>()?;
     for pattern in &args.patterns {
         let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());
         device.seed(0);
         let lm: RelationLm = config.init(&device)?;
         let mut rng = SplitMix64::new(1);
-        for &context in &args.contexts {
+        for (&context, &storage) in args
+            .contexts
+            .iter()
+            .flat_map(|c| storages.iter().map(move |s| (c, s)))
+        {
             // Prefill a fresh cache with `context` random tokens.
-            let mut cache = lm.new_cache();
+            let mut cache = lm.new_cache_in(Some(storage))?;
             let ids: Vec<i64> = (0..context).map(|_| rng.below(4096) as i64).collect();
             let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, context]), &device);
             let start = Instant::now();
@@ -141,7 +167,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             let read = cache.bytes() as f64 * decode / 1e9;
             println!(
-                "| {pattern} | {context} | {prefill:.0} | {decode:.1} | {:.2} | {read:.2} | {:.0} % | {} | {growth} |",
+                "| {pattern} | {storage:?} | {context} | {prefill:.0} | {decode:.1} | {:.2} | {read:.2} | {:.0} % | {} | {growth} |",
                 cache.bytes() as f64 / (1024.0 * 1024.0),
                 100.0 * read / bandwidth,
                 rss_mib().map_or("?".into(), |m| format!("{m:.0}")),

@@ -178,3 +178,12 @@ pub fn tiles_on_matrix_units(
     let _ = (device, dtype);
     None
 }
+
+/// The Flex decoding step's f16 to f32 conversion of a half-precision cache row, for its
+/// exhaustive test against `half`'s.
+#[cfg(feature = "flex")]
+pub fn widen_f16(src: &[burn::tensor::f16]) -> Vec<f32> {
+    let mut out = vec![0.0; src.len()];
+    crate::decode::widen_f16(src, &mut out);
+    out
+}

@@ -53,6 +53,12 @@ fn fused_steps(what: &str, q: Tensor<4>, rows: CachedRows) -> (Tensor<4>, Tensor
 /// The fused step on `device` in `dtype` against the reference rows (f32, on Flex, from the same
 /// rounded inputs), with and without the Self term.
 fn check_decode(device: &Device, dtype: DType) {
+    check_decode_cached_as(device, dtype, dtype);
+    check_ragged(device, dtype);
+}
+
+/// As [`check_decode`] with the query in `dtype` and the cache held in `cache_dtype`.
+fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
     debug::poison_outputs(true);
     let flex = Device::flex();
     let lambda = |device: &Device| Tensor::<1>::from_data([0.7f32], device);
@@ -65,15 +71,26 @@ fn check_decode(device: &Device, dtype: DType) {
         (1, 5000, 1, 2, 48),
     ] {
         let [q, p2, info] = cache(b, len, spare, h, d, len as u64);
-        let what = format!("{device:?} B {b} len {len} spare {spare} H {h} D {d} {dtype:?}");
+        let what = format!(
+            "{device:?} B {b} len {len} spare {spare} H {h} D {d} {dtype:?}, cache {cache_dtype:?}"
+        );
         let rows = |device: &Device| {
-            CachedRows::uniform(on(&p2, device, dtype), on(&info, device, dtype), len)
+            CachedRows::uniform(
+                on(&p2, device, cache_dtype),
+                on(&info, device, cache_dtype),
+                len,
+            )
         };
         let (fused, exchange) = fused_steps(&what, on(&q, device, dtype), rows(device));
+        assert_eq!(
+            fused.dtype(),
+            dtype,
+            "{what}: the output takes the query's dtype"
+        );
         // The reference in f32 on Flex over the filled rows, from the same rounded inputs.
-        let rounded = |data: &TensorData| on(data, &flex, dtype).cast(DType::F32);
-        let filled = |data: &TensorData| rounded(data).narrow(1, 0, len);
-        let (p1, p2r, infor) = (rounded(&q), filled(&p2), filled(&info));
+        let rounded = |data: &TensorData, dtype| on(data, &flex, dtype).cast(DType::F32);
+        let filled = |data: &TensorData| rounded(data, cache_dtype).narrow(1, 0, len);
+        let (p1, p2r, infor) = (rounded(&q, dtype), filled(&p2), filled(&info));
         let expected = naive_relation_rows(
             p1.clone(),
             p2r.clone(),
@@ -83,6 +100,7 @@ fn check_decode(device: &Device, dtype: DType) {
         )
         .unwrap();
         let expected_exchange = naive_exchange_only_rows(p1, p2r, infor).unwrap();
+        // The output is rounded to the query's dtype; the cache's rounding is in the reference.
         let tol = tolerance(dtype, Check::Forward);
         assert_close(&what, &to_flex(fused), &expected, tol);
         assert_close(
@@ -92,7 +110,6 @@ fn check_decode(device: &Device, dtype: DType) {
             tol,
         );
     }
-    check_ragged(device, dtype);
 }
 
 /// Sequences of different lengths in one batch (batched decoding of different prompts): each
@@ -193,6 +210,18 @@ device_tests! {
     }
 }
 
+device_tests! {
+    fn decode_step_reads_a_half_precision_cache(device) {
+        // An f16 cache under an f32 query: read in place on Flex, widened first on CubeCL.
+        check_decode_cached_as(&device, DType::F32, DType::F16);
+    }
+}
+
+#[test]
+fn decode_step_reads_a_bf16_cache_on_flex() {
+    check_decode_cached_as(&Device::flex(), DType::F32, DType::BF16);
+}
+
 bf16_device_tests! {
     fn decode_step_matches_the_reference_rows_bf16(device) {
         check_decode(&device, DType::BF16);
@@ -265,6 +294,43 @@ fn decode_step_refuses_inputs_that_do_not_fit() {
         Strategy::Auto,
     );
     assert!(message(r).contains("2 lengths for a batch of 1 sequences"));
-    let two_rows = Tensor::cat(vec![q1.clone(), q1], 1);
+    let two_rows = Tensor::cat(vec![q1.clone(), q1.clone()], 1);
     assert!(message(step(two_rows, 8)).contains("one new row per sequence"));
+    // A cache may be f16 or bf16 under any query, but not wider than the query.
+    let f32_cache_half_query = step(q1.clone().cast(DType::F16), 8);
+    assert!(
+        message(f32_cache_half_query).contains("a cache of F32 for a query of F16"),
+        "a cache wider than the query is refused with both dtypes named"
+    );
+    let mixed = CachedRows {
+        info: on(&info, &flex, DType::F16),
+        ..rows(8)
+    };
+    let r = flash_relation_decode(q1, mixed, lambda.clone(), DEFAULT_TAU, Strategy::Auto);
+    assert!(
+        message(r).contains("info"),
+        "p2 and info of different dtypes are refused"
+    );
+}
+
+/// The Flex step's f16 widening is exact for every one of the 65,536 f16 values (normals,
+/// subnormals, zeros, infinities bit for bit against `half`'s conversion; NaN stays NaN).
+#[test]
+fn f16_cache_rows_widen_exactly() {
+    let all: Vec<burn::tensor::f16> = (0..=u16::MAX).map(burn::tensor::f16::from_bits).collect();
+    let widened = debug::widen_f16(&all);
+    for (h, w) in all.iter().zip(&widened) {
+        if h.is_nan() {
+            // A conversion instruction may quiet a signalling NaN; any NaN of the sign will do.
+            assert!(w.is_nan() && w.is_sign_negative() == h.is_sign_negative());
+            continue;
+        }
+        assert_eq!(
+            w.to_bits(),
+            h.to_f32().to_bits(),
+            "f16 bits {:#06x}: {w} against {}",
+            h.to_bits(),
+            h.to_f32()
+        );
+    }
 }

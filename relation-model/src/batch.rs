@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use relation_core::rng::SplitMix64;
 
 use crate::cache::LmCache;
@@ -111,6 +111,30 @@ impl<'m> DecodeBatch<'m> {
         }
     }
 
+    /// The same batch with its caches' per-token buffers kept in `storage` (f16 or bf16: a
+    /// half-precision Relation Cache, see [`LmCache::with_storage`]); `None`: the compute dtype.
+    /// Call before admitting any sequence.
+    ///
+    /// # Errors
+    /// As [`LmCache::with_storage`]; a batch that already holds sequences.
+    pub fn with_cache_dtype(mut self, storage: Option<DType>) -> Result<Self> {
+        if !self.rows.is_empty() {
+            return Err(ModelError::Batch(
+                "the cache dtype is chosen before any sequence is admitted".into(),
+            ));
+        }
+        self.cache = self.model.new_cache_in(storage)?;
+        Ok(self)
+    }
+
+    /// An empty cache kept like this batch's.
+    fn fresh_cache(&self) -> LmCache {
+        LmCache {
+            storage: self.cache.storage,
+            ..self.model.new_cache()
+        }
+    }
+
     /// Sequences in the batch.
     pub fn len(&self) -> usize {
         self.rows.len()
@@ -201,7 +225,7 @@ impl<'m> DecodeBatch<'m> {
                 .collect();
             let ids =
                 Tensor::<2, Int>::from_data(TensorData::new(ids, [group.len(), len]), &device); // [n, len]
-            let mut cache = self.model.new_cache();
+            let mut cache = self.fresh_cache();
             let logits = self.model.prefill(ids, &mut cache, PREFILL_CHUNK); // [n, V]
             let logits = match logits {
                 Ok(logits) => logits,
@@ -223,7 +247,7 @@ impl<'m> DecodeBatch<'m> {
         }
         caches.retain(|c| !c.is_empty());
         self.cache = match caches.len() {
-            0 => self.model.new_cache(),
+            0 => self.fresh_cache(),
             1 => caches.pop().expect("one cache"),
             _ => LmCache::join(caches)?,
         };
@@ -279,7 +303,7 @@ impl<'m> DecodeBatch<'m> {
                 keep.binary_search(&(at - 1)).is_ok()
             });
             self.cache = if keep.is_empty() {
-                self.model.new_cache()
+                self.fresh_cache()
             } else {
                 self.cache.select(&keep)?
             };
@@ -294,7 +318,7 @@ impl<'m> DecodeBatch<'m> {
             Ok(logits) => logits, // [B, 1, V]
             Err(e) => {
                 self.rows.clear();
-                self.cache = self.model.new_cache();
+                self.cache = self.fresh_cache();
                 return Err(e);
             }
         };

@@ -21,7 +21,7 @@
 //! *ragged* cache takes one token per sequence at a time; [`LmCache::join`] and
 //! [`LmCache::select`] add and remove sequences between steps.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use relation_core::RopePositions;
 
 use crate::error::{ModelError, Result};
@@ -114,6 +114,27 @@ impl LayerCache {
         match self {
             Self::Empty => vec![n; batch],
             _ => self.lens().iter().map(|&len| len + n).collect(),
+        }
+    }
+
+    /// Casts the per-token buffers (`full`, `attention`) to `dtype` where they are in another;
+    /// recurrent states and empty caches are left as they are.
+    pub(crate) fn store_as(&mut self, dtype: DType) {
+        let cast = |t: &mut Tensor<4>| {
+            if t.dtype() != dtype {
+                *t = t.clone().cast(dtype);
+            }
+        };
+        match self {
+            Self::Full { p2, info, .. } => {
+                cast(p2);
+                cast(info);
+            }
+            Self::Attention { k, v, .. } => {
+                cast(k);
+                cast(v);
+            }
+            Self::Empty | Self::Linear { .. } => {}
         }
     }
 
@@ -362,6 +383,16 @@ impl CachedPair {
         )
     }
 
+    /// [`filled`](Self::filled) in `dtype` (the compute dtype, for a cache kept in another).
+    pub(crate) fn filled_as(&self, dtype: DType) -> (Tensor<4>, Tensor<4>) {
+        let (a, b) = self.filled();
+        if a.dtype() == dtype {
+            (a, b)
+        } else {
+            (a.cast(dtype), b.cast(dtype))
+        }
+    }
+
     /// `new` (`[B, n, H, D]` each) written into rows `len..len + n`, the buffers grown first
     /// when they are full (to an eighth more than needed, at least 64 rows: an append costs a
     /// bounded number of row copies on average, and the spare room stays small at long
@@ -372,6 +403,12 @@ impl CachedPair {
     /// one write per sequence; the caller passes one token per sequence then.
     fn push(self, a_new: Tensor<4>, b_new: Tensor<4>) -> Self {
         let [batch, n, heads, d] = a_new.dims();
+        // New rows take the buffers' dtype (a cache kept in half precision).
+        let (a_new, b_new) = if a_new.dtype() == self.a.dtype() {
+            (a_new, b_new)
+        } else {
+            (a_new.cast(self.a.dtype()), b_new.cast(self.b.dtype()))
+        };
         let capacity = self.a.dims()[1];
         let longest = self.lens.iter().copied().max().unwrap_or(0);
         let len = longest + n;
@@ -407,6 +444,9 @@ impl CachedPair {
 pub struct LmCache {
     /// One cache per layer.
     pub layers: Vec<LayerCache>,
+    /// The dtype the per-token buffers (`full`, `attention`) are kept in; `None`: the model's
+    /// compute dtype. Recurrent states stay in the compute dtype.
+    pub storage: Option<DType>,
 }
 
 impl LmCache {
@@ -414,6 +454,35 @@ impl LmCache {
     pub fn new(n_layers: usize) -> Self {
         Self {
             layers: vec![LayerCache::Empty; n_layers],
+            storage: None,
+        }
+    }
+
+    /// An empty cache for `n_layers` layers whose per-token buffers are kept in `storage` (f16 or
+    /// bf16 for a half-precision Relation Cache: half the memory, and half the bytes a decoding
+    /// step reads; every read then sees the stored values, widened to the compute dtype).
+    ///
+    /// # Errors
+    /// [`ModelError::Batch`] for a dtype that is not a float one.
+    pub fn with_storage(n_layers: usize, storage: DType) -> Result<Self> {
+        if !matches!(storage, DType::F32 | DType::F16 | DType::BF16 | DType::F64) {
+            return Err(ModelError::Batch(format!(
+                "cache dtype {storage:?}: the cache holds f32, f16, bf16 or f64"
+            )));
+        }
+        Ok(Self {
+            storage: Some(storage),
+            ..Self::new(n_layers)
+        })
+    }
+
+    /// Keeps every layer's per-token buffers in [`storage`](Self::storage) (a cast the first
+    /// time a layer fills them, nothing after: appends are written in the buffers' dtype).
+    pub(crate) fn keep_storage(&mut self) {
+        if let Some(dtype) = self.storage {
+            for layer in &mut self.layers {
+                layer.store_as(dtype);
+            }
         }
     }
 
@@ -442,7 +511,10 @@ impl LmCache {
             .iter()
             .map(|c| c.select(rows))
             .collect::<Result<_>>()?;
-        Ok(Self { layers })
+        Ok(Self {
+            layers,
+            storage: self.storage,
+        })
     }
 
     /// The sequences of `parts` as one batch, in order (each layer's caches joined with
@@ -459,6 +531,12 @@ impl LmCache {
                 "cannot batch caches of models with different layer counts".into(),
             ));
         }
+        let storage = parts[0].storage;
+        if parts.iter().any(|p| p.storage != storage) {
+            return Err(ModelError::Batch(
+                "cannot batch caches kept in different dtypes".into(),
+            ));
+        }
         let mut columns: Vec<Vec<LayerCache>> = vec![Vec::with_capacity(parts.len()); n_layers];
         for part in parts {
             for (column, layer) in columns.iter_mut().zip(part.layers) {
@@ -469,7 +547,7 @@ impl LmCache {
             .into_iter()
             .map(LayerCache::join)
             .collect::<Result<_>>()?;
-        Ok(Self { layers })
+        Ok(Self { layers, storage })
     }
 
     /// Whether nothing is cached.

@@ -1,6 +1,6 @@
 //! Sampling from a model with its cache: temperature, top-k, top-p, a seed, batches of prompts.
 
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{DType, Int, Tensor};
 use relation_core::rng::SplitMix64;
 
 use crate::batch::{DecodeBatch, Next, Request};
@@ -208,13 +208,34 @@ impl RelationLm {
         &self,
         prompt: &[u32],
         sampling: &Sampling,
+        on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>> {
+        self.generate_stream_in(prompt, sampling, None, on_token)
+    }
+
+    /// [`RelationLm::generate_stream`] with the decoding caches kept in `cache_dtype` (see
+    /// [`crate::LmCache::with_storage`]; `None`: the compute dtype).
+    ///
+    /// # Errors
+    /// As [`RelationLm::generate`]; a cache dtype that is not a float one.
+    pub fn generate_stream_in(
+        &self,
+        prompt: &[u32],
+        sampling: &Sampling,
+        cache_dtype: Option<DType>,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>> {
         let mut out = Vec::new();
-        self.generate_batched(&[prompt.to_vec()], sampling, 1, &mut |_, token| {
-            out.push(token);
-            on_token(token)
-        })?;
+        self.generate_batched_in(
+            &[prompt.to_vec()],
+            sampling,
+            1,
+            cache_dtype,
+            &mut |_, token| {
+                out.push(token);
+                on_token(token)
+            },
+        )?;
         Ok(out)
     }
 
@@ -234,6 +255,21 @@ impl RelationLm {
         max_batch: usize,
         on_token: &mut dyn FnMut(usize, u32) -> bool,
     ) -> Result<()> {
+        self.generate_batched_in(prompts, sampling, max_batch, None, on_token)
+    }
+
+    /// [`RelationLm::generate_batched`] with the decoding caches kept in `cache_dtype`.
+    ///
+    /// # Errors
+    /// As [`RelationLm::generate_batched`]; a cache dtype that is not a float one.
+    pub fn generate_batched_in(
+        &self,
+        prompts: &[Vec<u32>],
+        sampling: &Sampling,
+        max_batch: usize,
+        cache_dtype: Option<DType>,
+        on_token: &mut dyn FnMut(usize, u32) -> bool,
+    ) -> Result<()> {
         let requests: Vec<Request> = prompts
             .iter()
             .enumerate()
@@ -251,7 +287,7 @@ impl RelationLm {
             DecodeBatch::check(self, request)?;
         }
         let mut waiting = requests.into_iter();
-        let mut batch = DecodeBatch::new(self, max_batch);
+        let mut batch = DecodeBatch::new(self, max_batch).with_cache_dtype(cache_dtype)?;
         loop {
             let joining: Vec<Request> = waiting.by_ref().take(batch.room()).collect();
             if !joining.is_empty() {

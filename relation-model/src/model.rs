@@ -6,7 +6,7 @@ use std::path::Path;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Initializer, RmsNorm, RmsNormConfig};
 use burn::store::{ModuleRecord, ModuleSnapshot, SafetensorsStore};
-use burn::tensor::{Device, FloatDType, Int, Tensor};
+use burn::tensor::{DType, Device, FloatDType, Int, Tensor};
 use relation_core::{Segments, WeightLayout};
 use relation_kernels::Strategy;
 
@@ -449,6 +449,7 @@ impl RelationLm {
                 .forward(normed, Some(layer_cache), &mut scores)?;
             h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
         }
+        cache.keep_storage();
         Ok(h)
     }
 
@@ -462,6 +463,18 @@ impl RelationLm {
     /// An empty cache for this model.
     pub fn new_cache(&self) -> LmCache {
         LmCache::new(self.blocks.len())
+    }
+
+    /// An empty cache for this model whose per-token buffers are kept in `storage` (see
+    /// [`LmCache::with_storage`]); `None` is [`new_cache`](Self::new_cache).
+    ///
+    /// # Errors
+    /// As [`LmCache::with_storage`].
+    pub fn new_cache_in(&self, storage: Option<DType>) -> Result<LmCache> {
+        match storage {
+            None => Ok(self.new_cache()),
+            Some(dtype) => LmCache::with_storage(self.blocks.len(), dtype),
+        }
     }
 
     /// Checks that every token id is below the vocabulary size.

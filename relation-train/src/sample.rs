@@ -134,26 +134,28 @@ pub fn stream_continuation(
     prompt: &[u32],
     sampling: &Sampling,
     stops: &[String],
+    cache_dtype: Option<burn::tensor::DType>,
     emit: &mut dyn FnMut(&str) -> Result<()>,
 ) -> Result<()> {
     let mut text = ContinuationText::new(&run.tokenizer, stops);
     let mut failure: Option<TrainError> = None;
-    run.model.generate_stream(prompt, sampling, |token| {
-        let (piece, stopped) = match text.push(token) {
-            Ok(next) => next,
-            Err(e) => {
+    run.model
+        .generate_stream_in(prompt, sampling, cache_dtype, |token| {
+            let (piece, stopped) = match text.push(token) {
+                Ok(next) => next,
+                Err(e) => {
+                    failure = Some(e);
+                    return false;
+                }
+            };
+            if !piece.is_empty()
+                && let Err(e) = emit(&piece)
+            {
                 failure = Some(e);
                 return false;
             }
-        };
-        if !piece.is_empty()
-            && let Err(e) = emit(&piece)
-        {
-            failure = Some(e);
-            return false;
-        }
-        !stopped
-    })?;
+            !stopped
+        })?;
     if let Some(e) = failure {
         return Err(e);
     }

@@ -18,11 +18,12 @@
 //! One pass with both rows of a position side by side, rather than all scores of a block first
 //! and the values after: two streams from memory at once, and no score buffer (the two-pass
 //! form's speed is beside this one's in `docs/bench/long-context.md`).
-//! f32 buffers are read in place (no copy of the cache); f16/bf16 ones are converted to f32
-//! first, a pass over the buffers.
+//! The cache buffers are read in place (no copy of the cache): f32, or f16/bf16 — a
+//! half-precision cache, with a query of any dtype — widened to f32 one row at a time as it is
+//! read, so a half-precision cache costs half the bytes per token.
 
 use burn::backend::flex::FlexTensor;
-use burn::tensor::Shape;
+use burn::tensor::{DType, Shape, bf16, f16};
 use rayon::prelude::*;
 
 use super::DecodeParams;
@@ -66,28 +67,87 @@ fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// An element of a cache buffer the decoding step reads in place: f32, or f16/bf16 widened to
+/// f32 one row at a time as the row is read (a half-precision cache is half the bytes to read).
+trait CacheElem: Copy + Send + Sync {
+    /// Row `j` (of `row` values) of `rows` as f32: `rows` itself for f32, else widened into `buf`.
+    fn row<'a>(rows: &'a [Self], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32];
+}
+
+impl CacheElem for f32 {
+    #[inline(always)]
+    fn row<'a>(rows: &'a [f32], j: usize, row: usize, _buf: &'a mut [f32]) -> &'a [f32] {
+        &rows[j * row..(j + 1) * row]
+    }
+}
+
+impl CacheElem for f16 {
+    #[inline(always)]
+    fn row<'a>(rows: &'a [f16], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        widen_f16(&rows[j * row..(j + 1) * row], buf);
+        buf
+    }
+}
+
+impl CacheElem for bf16 {
+    #[inline(always)]
+    fn row<'a>(rows: &'a [bf16], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32] {
+        for (d, s) in buf.iter_mut().zip(&rows[j * row..(j + 1) * row]) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16); // bf16 is f32's upper half
+        }
+        buf
+    }
+}
+
+/// f16 to f32, exactly (normals, subnormals, infinities, NaN payloads), with integer operations
+/// and selects only, so the loop vectorises in the SIMD dispatch without F16C.
+#[inline(always)]
+pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        let h = u32::from(s.to_bits());
+        let sign = (h & 0x8000) << 16;
+        let (exponent, mantissa) = (h & 0x7c00, h & 0x03ff);
+        let shifted = (h & 0x7fff) << 13;
+        // Normal: the exponent rebased from 15 to 127 (+112 << 23).
+        let normal = shifted + 0x3800_0000;
+        // Subnormal: mantissa x 2^-24, exact in f32.
+        let subnormal = (mantissa as f32 * f32::from_bits(0x3380_0000)).to_bits();
+        // Infinity or NaN: the f32 exponent all ones, the payload kept.
+        let special = shifted | 0x7f80_0000;
+        let bits = if exponent == 0 {
+            subnormal
+        } else if exponent == 0x7c00 {
+            special
+        } else {
+            normal
+        };
+        *d = f32::from_bits(bits | sign);
+    }
+}
+
 /// One block of cached positions for every head of one sequence, inside the SIMD dispatch, in
 /// one pass: per position, the scores of all heads (`[H]`, so SiLU and the exponentials run
 /// over the heads as one vector), then the online-softmax update of every head with that
 /// position's row of `Ĩ`, so the rows of `P2` and `Ĩ` stream from memory side by side.
-struct Block<'a> {
+struct Block<'a, T> {
     /// The new row's `P1`, `[H, D]`.
     query: &'a [f32],
-    /// The block's rows of `P2` and `Ĩ`, `[n, H, D]` each.
-    keys: &'a [f32],
-    values: &'a [f32],
+    /// The block's rows of `P2` and `Ĩ`, `[n, H, D]` each, in the cache's dtype.
+    keys: &'a [T],
+    values: &'a [T],
     heads: usize,
     head_dim: usize,
     scale: f32,
 }
 
-impl Vectorized for Block<'_> {
+impl<T: CacheElem> Vectorized for Block<'_, T> {
     type Output = Partial;
 
     #[inline(always)]
     fn run<M: MulAdd>(self) -> Partial {
         let (h, d) = (self.heads, self.head_dim);
         let row = h * d;
+        let (mut key_buf, mut value_buf) = (vec![0f32; row], vec![0f32; row]);
         // `m` starts at 0: `SiLU(u) >= -0.2785`, so every weight `e^(E - m)` is at most
         // `e^0.28` before the first rescale, and nothing overflows.
         let mut m = vec![0f32; h];
@@ -95,17 +155,14 @@ impl Vectorized for Block<'_> {
         let mut z = vec![0f32; row];
         let mut e = vec![0f32; h];
         let mut w = vec![0f32; h];
-        for (j, (key, value)) in self
-            .keys
-            .chunks_exact(row)
-            .zip(self.values.chunks_exact(row))
-            .enumerate()
-        {
+        for j in 0..self.keys.len() / row {
             // The rows `AHEAD` positions on are requested now, so the streams from memory run
             // ahead of the arithmetic.
             let ahead = (j + AHEAD) * row..(j + AHEAD + 1) * row;
             prefetch(self.keys.get(ahead.clone()).unwrap_or(&[]));
             prefetch(self.values.get(ahead).unwrap_or(&[]));
+            let key = T::row(self.keys, j, row, &mut key_buf);
+            let value = T::row(self.values, j, row, &mut value_buf);
             for ((e, q), k) in e
                 .iter_mut()
                 .zip(self.query.chunks_exact(d))
@@ -145,7 +202,8 @@ impl Vectorized for Block<'_> {
 /// The decoding step of [`super::flash_relation_decode`] on Flex.
 ///
 /// # Shapes
-/// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]`; `lambda`: `[1]`; output `[B, 1, H, D]`
+/// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]` (f32, or f16/bf16 read in place);
+///   `lambda`: `[1]`; output `[B, 1, H, D]` in `p1`'s dtype
 pub(super) fn decode(
     p1: FlexTensor,
     p2: FlexTensor,
@@ -153,87 +211,132 @@ pub(super) fn decode(
     lambda: FlexTensor,
     params: DecodeParams,
 ) -> FlexTensor {
-    let [b, _, h, d] = dims4(&p1);
+    let dims = dims4(&p1);
     let c = dims4(&p2)[1];
     let dtype = p1.dtype();
     let q = read_f32(&p1); // [B, 1, H, D]
     let lambda = read_f32(&lambda)[0];
-    let (keys, values) = (f32_data(&p2), f32_data(&info)); // [B, C, H, D] each
-    let row = h * d;
-    // Each sequence's history (positions before its new row) in blocks; every task is one
-    // block of one sequence, sized from the longest history.
-    let history: Vec<usize> = params.lens.iter().map(|&len| len - 1).collect();
-    let longest = history.iter().copied().max().unwrap_or(0);
-    let threads = rayon::current_num_threads().max(1);
-    let block = longest.div_ceil(4 * threads).clamp(MIN_BLOCK, MAX_BLOCK);
-    let blocks: Vec<usize> = history.iter().map(|h| h.div_ceil(block)).collect();
-    let first: Vec<usize> = blocks
-        .iter()
-        .scan(0, |at, &n| {
-            *at += n;
-            Some(*at - n)
-        })
-        .collect(); // each sequence's first task
-    let tasks: Vec<(usize, usize)> = (0..b)
-        .flat_map(|bi| (0..blocks[bi]).map(move |k| (bi, k)))
-        .collect();
+    let step = Step {
+        q: &q,
+        lambda,
+        dims,
+        capacity: c,
+        params: &params,
+    };
+    // A contiguous half-precision cache is read in place; anything else as f32 (borrowed when
+    // it already is contiguous f32).
+    let out = match (p2.dtype(), info.dtype()) {
+        (DType::F16, DType::F16) => match (p2.as_slice::<f16>(), info.as_slice::<f16>()) {
+            (Some(k), Some(v)) => step.run(k, v),
+            _ => step.run(&f32_data(&p2), &f32_data(&info)),
+        },
+        (DType::BF16, DType::BF16) => match (p2.as_slice::<bf16>(), info.as_slice::<bf16>()) {
+            (Some(k), Some(v)) => step.run(k, v),
+            _ => step.run(&f32_data(&p2), &f32_data(&info)),
+        },
+        _ => step.run(&f32_data(&p2), &f32_data(&info)),
+    };
+    let [b, _, h, d] = dims;
+    tensor(out, Shape::new([b, 1, h, d]), dtype)
+}
 
-    let partials: Vec<Partial> = tasks
-        .into_par_iter()
-        .map(|(bi, k)| {
-            let (j0, j1) = (k * block, ((k + 1) * block).min(history[bi]));
-            let rows = bi * c * row + j0 * row..bi * c * row + j1 * row;
-            vectorized(Block {
-                query: &q[bi * row..(bi + 1) * row],
-                keys: &keys[rows.clone()],
-                values: &values[rows],
-                heads: h,
-                head_dim: d,
-                scale: params.scale,
+/// One decoding step's inputs besides the cache.
+struct Step<'a> {
+    /// The new rows' `P1`, `[B, 1, H, D]` as f32.
+    q: &'a [f32],
+    lambda: f32,
+    /// `[B, 1, H, D]`.
+    dims: [usize; 4],
+    /// `C`, rows per sequence in the cache buffers.
+    capacity: usize,
+    params: &'a DecodeParams,
+}
+
+impl Step<'_> {
+    /// The output rows `[B, 1, H, D]` (f32) against the cache buffers `keys` (`P2`) and `values`
+    /// (`Ĩ`), `[B, C, H, D]` each.
+    fn run<T: CacheElem>(&self, keys: &[T], values: &[T]) -> Vec<f32> {
+        let (q, params, c) = (self.q, self.params, self.capacity);
+        let [b, _, h, d] = self.dims;
+        let row = h * d;
+        // Each sequence's history (positions before its new row) in blocks; every task is one
+        // block of one sequence, sized from the longest history.
+        let history: Vec<usize> = params.lens.iter().map(|&len| len - 1).collect();
+        let longest = history.iter().copied().max().unwrap_or(0);
+        let threads = rayon::current_num_threads().max(1);
+        let block = longest.div_ceil(4 * threads).clamp(MIN_BLOCK, MAX_BLOCK);
+        let blocks: Vec<usize> = history.iter().map(|h| h.div_ceil(block)).collect();
+        let first: Vec<usize> = blocks
+            .iter()
+            .scan(0, |at, &n| {
+                *at += n;
+                Some(*at - n)
             })
-        })
-        .collect();
+            .collect(); // each sequence's first task
+        let tasks: Vec<(usize, usize)> = (0..b)
+            .flat_map(|bi| (0..blocks[bi]).map(move |k| (bi, k)))
+            .collect();
 
-    let mut out = output(b * row); // every element is written below
-    for bi in 0..b {
-        let (history, log_count) = (history[bi], (params.lens[bi] as f32).ln());
-        let newest = bi * c * row + history * row; // row `i` of sequence `bi`
-        let parts = &partials[first[bi]..first[bi] + blocks[bi]];
-        for hi in 0..h {
-            let head = hi * d..(hi + 1) * d;
-            let own = &values[newest..newest + row][head.clone()]; // Ĩ_i
-            let y = &mut out[bi * row..(bi + 1) * row][head.clone()];
-            if history == 0 {
-                y.copy_from_slice(own);
-                continue;
-            }
-            let m = parts
-                .iter()
-                .map(|p| p.m[hi])
-                .fold(f32::NEG_INFINITY, f32::max);
-            let mut l = 0f32;
-            y.fill(0.0);
-            for p in parts {
-                let s = (p.m[hi] - m).exp();
-                l += s * p.l[hi];
-                for (acc, z) in y.iter_mut().zip(&p.z[head.clone()]) {
-                    *acc += s * z;
+        let partials: Vec<Partial> = tasks
+            .into_par_iter()
+            .map(|(bi, k)| {
+                let (j0, j1) = (k * block, ((k + 1) * block).min(history[bi]));
+                let rows = bi * c * row + j0 * row..bi * c * row + j1 * row;
+                vectorized(Block {
+                    query: &q[bi * row..(bi + 1) * row],
+                    keys: &keys[rows.clone()],
+                    values: &values[rows],
+                    heads: h,
+                    head_dim: d,
+                    scale: params.scale,
+                })
+            })
+            .collect();
+
+        let mut out = output(b * row); // every element is written below
+        let (mut own_row, mut key_row) = (vec![0f32; row], vec![0f32; row]);
+        for bi in 0..b {
+            let (history, log_count) = (history[bi], (params.lens[bi] as f32).ln());
+            let newest = bi * c + history; // row `i` of sequence `bi`
+            let own_all = T::row(values, newest, row, &mut own_row); // Ĩ_i, every head
+            let key_all = T::row(keys, newest, row, &mut key_row); // P2_i
+            let parts = &partials[first[bi]..first[bi] + blocks[bi]];
+            for hi in 0..h {
+                let head = hi * d..(hi + 1) * d;
+                let own = &own_all[head.clone()];
+                let y = &mut out[bi * row..(bi + 1) * row][head.clone()];
+                if history == 0 {
+                    y.copy_from_slice(own);
+                    continue;
+                }
+                let m = parts
+                    .iter()
+                    .map(|p| p.m[hi])
+                    .fold(f32::NEG_INFINITY, f32::max);
+                let mut l = 0f32;
+                y.fill(0.0);
+                for p in parts {
+                    let s = (p.m[hi] - m).exp();
+                    l += s * p.l[hi];
+                    for (acc, z) in y.iter_mut().zip(&p.z[head.clone()]) {
+                        *acc += s * z;
+                    }
+                }
+                y.iter_mut().for_each(|v| *v /= l); // Ī
+                if params.exchange_only {
+                    continue;
+                }
+                let query = &q[bi * row..(bi + 1) * row][head.clone()];
+                let key = &key_all[head];
+                let u = params.scale * dot::<Unfused>(query, key);
+                let self_score = sigmoid::<Unfused>(u * params.inv_tau);
+                let log_mass = m + l.ln() - self.lambda * log_count;
+                let g = sigmoid::<Unfused>(log_mass - self_score);
+                for (v, o) in y.iter_mut().zip(own) {
+                    *v = o + g * (*v - o);
                 }
             }
-            y.iter_mut().for_each(|v| *v /= l); // Ī
-            if params.exchange_only {
-                continue;
-            }
-            let query = &q[bi * row..(bi + 1) * row][head.clone()];
-            let key = &keys[newest..newest + row][head];
-            let u = params.scale * dot::<Unfused>(query, key);
-            let self_score = sigmoid::<Unfused>(u * params.inv_tau);
-            let log_mass = m + l.ln() - lambda * log_count;
-            let g = sigmoid::<Unfused>(log_mass - self_score);
-            for (v, o) in y.iter_mut().zip(own) {
-                *v = o + g * (*v - o);
-            }
         }
+        out
     }
-    tensor(out, Shape::new([b, 1, h, d]), dtype)
 }

@@ -17,12 +17,15 @@ mod autodiff;
 mod cube;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(feature = "flex")]
+#[allow(unused_imports)] // the tests' `debug::widen_f16`
+pub(crate) use flex::widen_f16;
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 use burn::backend::tensor::FloatTensor;
 #[cfg(any(feature = "flex", feature = "cube"))]
 use burn::backend::{Backend, backend_extension};
-use burn::tensor::Tensor;
+use burn::tensor::{DType, Tensor};
 use relation_core::{check, naive_exchange_only_rows, naive_relation_rows};
 
 use crate::error::{KernelError, Result};
@@ -126,12 +129,18 @@ impl CachedRows {
 /// computed in f32) and the reference over the filled rows elsewhere; [`Strategy::Fused`] is an
 /// error on a device without kernels.
 ///
+/// The cache may be held in f16 or bf16 whatever the query's dtype (a half-precision Relation
+/// Cache: half the memory and half the bytes a step reads): every path computes with the
+/// cache's values as stored, widened to f32; Flex reads such a cache in place, CubeCL runtimes
+/// widen it first.
+///
 /// # Shapes
 /// - `p1`: `[B, 1, H, D]`; `cache`: `[B, C, H, D]` buffers; `lambda`: `[1]`
 /// - output: `[B, 1, H, D]`
 ///
 /// # Errors
-/// Mismatched shapes, dtypes or devices; not one length per sequence, a length 0 or above `C`;
+/// Mismatched shapes or devices; a cache whose dtype is neither the query's nor f16/bf16, or
+/// `p2` and `info` of different dtypes; not one length per sequence, a length 0 or above `C`;
 /// a bad `tau_s`;
 /// [`Strategy::Fused`] on a device without kernels.
 pub fn flash_relation_decode(
@@ -200,14 +209,21 @@ fn decode(
             ),
         });
     }
-    check::same_dtype("p2", &p2, "p1", &p1)?;
-    check::same_dtype("info", &info, "p1", &p1)?;
+    check::same_dtype("info", &info, "p2", &p2)?;
+    let (cache_dtype, dtype) = (p2.dtype(), p1.dtype());
+    if cache_dtype != dtype && !matches!(cache_dtype, DType::F16 | DType::BF16) {
+        return Err(KernelError::DecodeInputs {
+            reason: format!(
+                "a cache of {cache_dtype:?} for a query of {dtype:?}: the cache holds the query's dtype, or f16 or bf16"
+            ),
+        });
+    }
     check::same_device("p2", &p2, &p1)?;
     check::same_device("info", &info, &p1)?;
     if !strategy.use_fused("flash_relation_decode", &p1)? {
         // The reference over each run of sequences with the same length, in batch order.
         let reference = |b0: usize, n: usize, len: usize| {
-            let rows = |t: &Tensor<4>| t.clone().narrow(0, b0, n).narrow(1, 0, len);
+            let rows = |t: &Tensor<4>| t.clone().narrow(0, b0, n).narrow(1, 0, len).cast(dtype);
             let p1 = p1.clone().narrow(0, b0, n);
             match &relation {
                 None => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
@@ -239,7 +255,14 @@ fn decode(
             inv_tau: (1.0 / tau_s) as f32,
             exchange_only,
         };
-        let lambda = lambda.cast(p1.dtype());
+        let lambda = lambda.cast(dtype);
+        // Flex reads a half-precision cache in place; the CubeCL kernels take one dtype, so a
+        // cache of another is widened first (a pass over the buffers).
+        let (p2, info) = if cache_dtype != dtype && crate::is_cube(&p1.device()) {
+            (p2.cast(dtype), info.cast(dtype))
+        } else {
+            (p2, info)
+        };
         Ok(Tensor::from_dispatch(Dispatch::flash_relation_decode(
             p1.into_dispatch(),
             p2.into_dispatch(),

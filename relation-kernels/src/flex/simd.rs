@@ -232,9 +232,9 @@ pub(crate) fn arch() -> pulp::Arch {
 /// Asks the CPU to bring `x` into the L1 cache ahead of its use: one hint per 64-byte line, on
 /// x86-64 (`prefetcht0`); nothing elsewhere. A hint cannot fault, and changes no result.
 #[inline(always)]
-pub(crate) fn prefetch(x: &[f32]) {
+pub(crate) fn prefetch<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in x.chunks(16) {
+    for line in x.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
         // SAFETY: `prefetcht0` (SSE, in every x86-64 CPU) only hints; the address is in `x`.
         #[allow(unsafe_code)]
         unsafe {

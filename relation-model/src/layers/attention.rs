@@ -138,7 +138,7 @@ impl CausalSelfAttention {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let (q, k, v) = self.qkv.forward_at(x, &cache.positions())?;
         let rows = cache.append_attention(k, v)?;
-        let (k, v) = rows.filled(); // [B, T, H, D] each
+        let (k, v) = rows.filled_as(q.dtype()); // [B, T, H, D] each
         let (y, _) = causal_rows(q, k, v, None, &rows.lens);
         dense(&self.wo, merge_heads(y))
     }

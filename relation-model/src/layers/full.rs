@@ -161,7 +161,9 @@ impl MultiHeadRelation {
         // tokens compute their rows against every cached position with the reference.
         let y = match (offset, n, self.exchange_only) {
             (0, _, _) if !ragged => {
-                let (p2_all, info_all) = rows.filled();
+                // The buffers are still in the compute dtype: the cache's storage dtype is
+                // applied after this layer (`LmCache::keep_storage`).
+                let (p2_all, info_all) = rows.filled_as(p1.dtype());
                 return self.relation(FlashInputs::new(p1, p2_all, info_all));
             }
             (_, 1, exchange_only) => {
@@ -177,11 +179,11 @@ impl MultiHeadRelation {
                 }
             }
             (_, _, false) => {
-                let (p2_all, info_all) = rows.filled();
+                let (p2_all, info_all) = rows.filled_as(p1.dtype());
                 naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?
             }
             (_, _, true) => {
-                let (p2_all, info_all) = rows.filled();
+                let (p2_all, info_all) = rows.filled_as(p1.dtype());
                 naive_exchange_only_rows(p1, p2_all, info_all)?
             }
         };

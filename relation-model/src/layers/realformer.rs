@@ -54,7 +54,7 @@ impl RealFormerAttention {
     ) -> crate::Result<(Tensor<3>, Tensor<4>)> {
         let (q, k, v) = self.attention.qkv.forward_at(x, &cache.positions())?;
         let rows = cache.append_attention(k, v)?;
-        let (k, v) = rows.filled(); // [B, T, H, D] each
+        let (k, v) = rows.filled_as(q.dtype()); // [B, T, H, D] each
         let (y, scores) = causal_rows(q, k, v, previous, &rows.lens);
         Ok((dense(&self.attention.wo, merge_heads(y))?, scores))
     }

@@ -119,6 +119,68 @@ fn cached_decoding_equals_full_forward_for_the_ablations() {
     );
 }
 
+/// Decoding with the per-token caches kept in f16 or bf16 (the model computing in f32) stays
+/// within that dtype's tolerance of the full forward, token by token and in chunks, and the
+/// buffers really are kept in it (half the bytes of an f32 cache).
+fn check_half_precision_cache(device: &Device, pattern: &str, storage: DType) {
+    let lm = model(&tiny(pattern, 4), device);
+    let seq = 12;
+    let ids = tokens(2, seq, 97, 3, device);
+    let full = lm.forward(ids.clone()).unwrap();
+    let tol = tolerance(storage, Check::Forward);
+    for chunks in [vec![1; seq], vec![5, 3, 1, 1, 1, 1]] {
+        let mut cache = lm.new_cache_in(Some(storage)).unwrap();
+        let mut reference = lm.new_cache();
+        let mut outputs = Vec::new();
+        let mut at = 0;
+        for n in &chunks {
+            let part = ids.clone().narrow(1, at, *n);
+            outputs.push(lm.forward_cached(part.clone(), &mut cache).unwrap());
+            lm.forward_cached(part, &mut reference).unwrap();
+            at += n;
+        }
+        let what = format!("pattern {pattern}, {storage:?} cache, chunks {chunks:?}");
+        assert_close(&what, &Tensor::cat(outputs, 1), &full, tol);
+        for layer in &cache.layers {
+            if let relation_model::LayerCache::Full { p2: t, .. }
+            | relation_model::LayerCache::Attention { k: t, .. } = layer
+            {
+                assert_eq!(t.dtype(), storage, "{what}: buffers kept in {storage:?}");
+            }
+        }
+        let per_token = |c: &relation_model::LmCache| -> usize {
+            c.layers
+                .iter()
+                .filter(|l| matches!(l.kind(), "full" | "attention"))
+                .map(relation_model::LayerCache::bytes)
+                .sum()
+        };
+        assert!(per_token(&reference) > 0, "{what}: a per-token cache");
+        assert_eq!(
+            2 * per_token(&cache),
+            per_token(&reference),
+            "{what}: half the bytes of the f32 cache"
+        );
+    }
+}
+
+#[test]
+fn decoding_with_a_half_precision_cache_on_flex() {
+    let device = Device::flex();
+    for pattern in ["F", "LLLF", "A"] {
+        for storage in [DType::F16, DType::BF16] {
+            check_half_precision_cache(&device, pattern, storage);
+        }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+#[test]
+fn decoding_with_a_half_precision_cache_with_kernels() {
+    let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    check_half_precision_cache(&device, "LLLF", DType::F16);
+}
+
 #[cfg(feature = "wgpu")]
 #[test]
 fn cached_decoding_equals_full_forward_with_kernels() {

@@ -88,6 +88,34 @@ impl RunSource {
     }
 }
 
+/// The dtype a decoder keeps its per-token caches in (`--cache-dtype`): the Relation Cache of
+/// the Full layers and the K/V cache of attention layers. Recurrent states stay in the model's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum CacheDtype {
+    /// The model's compute dtype.
+    #[default]
+    Model,
+    /// f16: half the memory and half the bytes a decoding step reads (11-bit mantissa).
+    F16,
+    /// bf16: as f16, with f32's range and an 8-bit mantissa.
+    Bf16,
+    /// f32.
+    F32,
+}
+
+impl CacheDtype {
+    /// The storage dtype, `None` for the model's.
+    pub fn dtype(self) -> Option<burn::tensor::DType> {
+        use burn::tensor::DType;
+        match self {
+            Self::Model => None,
+            Self::F16 => Some(DType::F16),
+            Self::Bf16 => Some(DType::BF16),
+            Self::F32 => Some(DType::F32),
+        }
+    }
+}
+
 /// How `--resume` finds where to start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ResumeMode {

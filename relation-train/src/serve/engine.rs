@@ -10,7 +10,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError, sync
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{DType, Int, Tensor, TensorData};
 use relation_model::batch::log_probs;
 use relation_model::{DecodeBatch, Finish, Next, RelationLm, Request};
 use tokio::sync::mpsc::UnboundedSender;
@@ -82,11 +82,16 @@ pub enum Refused {
 impl Engine {
     /// Starts the engine thread with `model`: at most `max_batch` sequences decode together and
     /// at most `queue` jobs wait.
-    pub fn start(model: RelationLm, max_batch: usize, queue: usize) -> Self {
+    pub fn start(
+        model: RelationLm,
+        max_batch: usize,
+        queue: usize,
+        cache_dtype: Option<DType>,
+    ) -> Self {
         let (sender, receiver) = sync_channel::<Job>(queue.max(1));
         let thread = std::thread::Builder::new()
             .name("relation-engine".into())
-            .spawn(move || run(&model, max_batch, &receiver))
+            .spawn(move || run(&model, max_batch, cache_dtype, &receiver))
             .expect("the engine thread starts");
         Self {
             queue: Some(sender),
@@ -122,8 +127,18 @@ impl Drop for Engine {
 }
 
 /// The engine loop: until the queue is closed and the batch is empty.
-fn run(model: &RelationLm, max_batch: usize, queue: &Receiver<Job>) {
+fn run(model: &RelationLm, max_batch: usize, cache_dtype: Option<DType>, queue: &Receiver<Job>) {
     let mut batch = DecodeBatch::new(model, max_batch);
+    if cache_dtype.is_some() {
+        // A float dtype from the command line: `with_cache_dtype` cannot refuse it.
+        batch = match batch.with_cache_dtype(cache_dtype) {
+            Ok(batch) => batch,
+            Err(e) => {
+                tracing::error!("engine: {e}");
+                return;
+            }
+        };
+    }
     let mut readers: Vec<(u64, UnboundedSender<Event>)> = Vec::new();
     let mut next_id = 0u64;
     let mut closed = false;

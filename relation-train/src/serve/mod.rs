@@ -64,6 +64,9 @@ pub struct ServeArgs {
     /// The model's name in the API (default: the run directory's name).
     #[arg(long)]
     pub model_name: Option<String>,
+    /// The dtype of the decoding caches (see `relation generate --cache-dtype`).
+    #[arg(long, value_enum, default_value_t = crate::cli::CacheDtype::Model)]
+    pub cache_dtype: crate::cli::CacheDtype,
     /// Device (default: the run's).
     #[arg(long)]
     pub device: Option<String>,
@@ -117,7 +120,12 @@ pub fn run_serve(args: &ServeArgs) -> Result<()> {
     });
     let end_of_text = run.tokenizer.token_to_id(data::EOT);
     let shared = Arc::new(Shared {
-        engine: Engine::start(run.model, args.max_batch, args.queue),
+        engine: Engine::start(
+            run.model,
+            args.max_batch,
+            args.queue,
+            args.cache_dtype.dtype(),
+        ),
         tokenizer: run.tokenizer,
         model,
         context,

@@ -30,6 +30,24 @@ fn generation_stops_at_end_of_text_streams_and_exports() {
         "30",
     ]));
     assert_eq!(out, "the owl sat on the mat.\n");
+    // With the decoding caches in f16 and bf16 (their rounding does not move this confident
+    // model's greedy choice); an unknown cache dtype is refused with the choices named.
+    for dtype in ["f16", "bf16"] {
+        let out = stdout(&generate(&[
+            "--prompt",
+            "the owl",
+            "--max-new-tokens",
+            "30",
+            "--cache-dtype",
+            dtype,
+        ]));
+        assert_eq!(out, "the owl sat on the mat.\n", "--cache-dtype {dtype}");
+    }
+    fails_with(
+        &generate(&["--cache-dtype", "f8"]),
+        &[],
+        "possible values: model, f16, bf16, f32",
+    );
     // A stop string ends it earlier, and is not printed.
     let out = stdout(&generate(&[
         "--prompt",
@@ -60,8 +78,9 @@ fn generation_stops_at_end_of_text_streams_and_exports() {
         String::from_utf8(out.stdout).unwrap(),
         "the fox sat on the mat.\n"
     );
-    // One prompt per line, decoded together two at a time (continuous batching): one JSON line
-    // per prompt as it ends, each the same as the prompt alone; blank lines are skipped.
+    // One prompt per line, decoded together two at a time (continuous batching, caches in f16):
+    // one JSON line per prompt as it ends, each the same as the prompt alone; blank lines are
+    // skipped.
     let lines = tmp.path().join("prompts.txt");
     std::fs::write(&lines, "the dog\n\nthe owl\nthe cat sat\nthe fox\n").unwrap();
     let out = stdout(&generate(&[
@@ -72,6 +91,8 @@ fn generation_stops_at_end_of_text_streams_and_exports() {
         "2",
         "--max-new-tokens",
         "30",
+        "--cache-dtype",
+        "f16",
     ]));
     let mut rows: Vec<serde_json::Value> = out
         .lines()
