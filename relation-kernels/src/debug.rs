@@ -179,11 +179,12 @@ pub fn tiles_on_matrix_units(
     None
 }
 
-/// The Flex decoding step's f16 to f32 conversion of a half-precision cache row, for its
-/// exhaustive test against `half`'s.
+/// The Flex decoding step's f16 to f32 conversions of a half-precision cache row, for their
+/// exhaustive test against `half`'s: `(the one the step uses on this CPU, the portable one)`.
 #[cfg(feature = "flex")]
-pub fn widen_f16(src: &[burn::tensor::f16]) -> Vec<f32> {
-    let mut out = vec![0.0; src.len()];
-    crate::decode::widen_f16(src, &mut out);
-    out
+pub fn widen_f16(src: &[burn::tensor::f16]) -> (Vec<f32>, Vec<f32>) {
+    let (mut used, mut portable) = (vec![0.0; src.len()], vec![0.0; src.len()]);
+    crate::decode::widen_f16(src, &mut used);
+    crate::decode::widen_f16_portable(src, &mut portable);
+    (used, portable)
 }

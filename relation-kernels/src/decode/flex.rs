@@ -1,26 +1,27 @@
 //! The fused decoding step on Flex: split-K over blocks of cached positions.
 //!
 //! The history `j < i` of each sequence's new row `i = len - 1` (every sequence of the batch with
-//! its own `len`) is cut into blocks of consecutive positions,
-//! one task each on the thread pool. A task reads its block once, position by position: the row
-//! of `P2` (every head of a position is one contiguous `H·D` row of the `[B, C, H, D]` buffer)
-//! gives `E_j = SiLU(scale p1 · p2_j)` for all heads at once, and the row of `Ĩ` goes straight
-//! into each head's online softmax, a running maximum `m`, `l = Σ e^(E_j - m)` and
-//! `z = Σ e^(E_j - m) Ĩ_j` (rescaled when `m` grows). The merge rescales every block's `(l, z)` to
-//! the largest `m`, giving `L = m + log l` and `Ī = z / l`, and finishes the row as the fused
-//! forward does (`flash_relation/flex.rs`):
+//! its own `len`) is cut into blocks of consecutive positions, one task each on the thread pool.
+//! A task reads its block once, 16 positions (a sub-block) at a time: the rows of `P2` (every head
+//! of a position is one contiguous `H·D` row of the `[B, C, H, D]` buffer) give the sub-block's
+//! scores for all heads, SiLU and the exponentials then run over all `16 H` of them as one
+//! vector, each head's running maximum `m` moves at most once, and the sub-block's rows of `Ĩ`
+//! update `l = Σ e^(E_j - m)` and `z = Σ e^(E_j - m) Ĩ_j`. The merge rescales every block's
+//! `(l, z)` to the largest `m`, giving `L = m + log l` and `Ī = z / l`, and finishes the row as
+//! the fused forward does (`flash_relation/flex.rs`):
 //!
 //! ```text
 //! S = sigmoid(scale p1 · p2_i / tau),  A = L - lambda log(i + 1),  g = sigmoid(A - S)
 //! Y = Ĩ_i + g (Ī - Ĩ_i);   Exchange-only: Y = Ī;   no history (len 1): Y = Ĩ_0
 //! ```
 //!
-//! One pass with both rows of a position side by side, rather than all scores of a block first
-//! and the values after: two streams from memory at once, and no score buffer (the two-pass
-//! form's speed is beside this one's in `docs/bench/long-context.md`).
+//! The sub-block's rows stay in L1 between its scores and its values, so both streams still come
+//! from memory once, side by side; per-position SiLU and exponentials (one call per head and
+//! position) cost more than reading the cache did (measurements in `docs/bench/long-context.md`).
 //! The cache buffers are read in place (no copy of the cache): f32, or f16/bf16 — a
 //! half-precision cache, with a query of any dtype — widened to f32 one row at a time as it is
-//! read, so a half-precision cache costs half the bytes per token.
+//! read (F16C's conversion where the CPU has it), so a half-precision cache costs half the bytes
+//! per token.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, bf16, f16};
@@ -36,6 +37,9 @@ use crate::flex::{
 const AHEAD: usize = 4;
 /// Positions per block, at most.
 const MAX_BLOCK: usize = 4096;
+/// Positions per sub-block: their scores are computed first, then SiLU and the exponentials run
+/// over all of them as one vector, then their values are read (the sub-block's rows stay in L1).
+const SUB: usize = 16;
 /// Positions per block, at least (below it a task's set-up outweighs its work).
 const MIN_BLOCK: usize = 256;
 
@@ -89,6 +93,47 @@ impl CacheElem for f16 {
     }
 }
 
+/// f16 to f32 into `dst` (as long as `src`): the CPU's conversion instruction (F16C) where it
+/// has one, else [`widen_f16_portable`].
+#[inline(always)]
+pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("f16c") {
+        // SAFETY: F16C (and AVX, which every F16C CPU has) was detected just above.
+        #[allow(unsafe_code)]
+        unsafe {
+            widen_f16c(src, dst);
+        }
+        return;
+    }
+    widen_f16_portable(src, dst);
+}
+
+/// [`widen_f16`] with F16C's `vcvtph2ps`, eight values at a time.
+///
+/// # Safety
+/// The CPU must have F16C and AVX.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx,f16c")]
+unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm256_cvtph_ps, _mm256_storeu_ps};
+    let n = src.len().min(dst.len());
+    let whole = n / 8 * 8;
+    for (s, d) in src[..whole]
+        .chunks_exact(8)
+        .zip(dst[..whole].chunks_exact_mut(8))
+    {
+        // SAFETY: `s` holds 8 f16 (16 bytes) and `d` 8 f32 (32 bytes); both intrinsics take
+        // unaligned addresses; the caller guarantees F16C and AVX.
+        unsafe {
+            let halves = _mm_loadu_si128(s.as_ptr().cast::<__m128i>());
+            _mm256_storeu_ps(d.as_mut_ptr(), _mm256_cvtph_ps(halves));
+        }
+    }
+    widen_f16_portable(&src[whole..n], &mut dst[whole..n]);
+}
+
 impl CacheElem for bf16 {
     #[inline(always)]
     fn row<'a>(rows: &'a [bf16], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32] {
@@ -100,9 +145,9 @@ impl CacheElem for bf16 {
 }
 
 /// f16 to f32, exactly (normals, subnormals, infinities, NaN payloads), with integer operations
-/// and selects only, so the loop vectorises in the SIMD dispatch without F16C.
+/// and selects only (for CPUs without a conversion instruction).
 #[inline(always)]
-pub(crate) fn widen_f16(src: &[f16], dst: &mut [f32]) {
+pub(crate) fn widen_f16_portable(src: &[f16], dst: &mut [f32]) {
     for (d, s) in dst.iter_mut().zip(src) {
         let h = u32::from(s.to_bits());
         let sign = (h & 0x8000) << 16;
@@ -153,45 +198,62 @@ impl<T: CacheElem> Vectorized for Block<'_, T> {
         let mut m = vec![0f32; h];
         let mut l = vec![0f32; h];
         let mut z = vec![0f32; row];
-        let mut e = vec![0f32; h];
-        let mut w = vec![0f32; h];
-        for j in 0..self.keys.len() / row {
-            // The rows `AHEAD` positions on are requested now, so the streams from memory run
-            // ahead of the arithmetic.
-            let ahead = (j + AHEAD) * row..(j + AHEAD + 1) * row;
-            prefetch(self.keys.get(ahead.clone()).unwrap_or(&[]));
-            prefetch(self.values.get(ahead).unwrap_or(&[]));
-            let key = T::row(self.keys, j, row, &mut key_buf);
-            let value = T::row(self.values, j, row, &mut value_buf);
-            for ((e, q), k) in e
-                .iter_mut()
-                .zip(self.query.chunks_exact(d))
-                .zip(key.chunks_exact(d))
-            {
-                *e = silu::<M>(self.scale * dot::<M>(q, k)); // E
+        // One sub-block's scores, then weights, position-major: `[SUB, H]`.
+        let mut e = vec![0f32; SUB * h];
+        let positions = self.keys.len() / row;
+        for j0 in (0..positions).step_by(SUB) {
+            let count = SUB.min(positions - j0);
+            let e = &mut e[..count * h];
+            // 1. The raw scores of the sub-block's positions, every head (the rows `AHEAD`
+            //    positions on requested as each row is read, so the stream runs ahead).
+            for (jj, scores) in e.chunks_exact_mut(h).enumerate() {
+                let j = j0 + jj;
+                let ahead = (j + AHEAD) * row..(j + AHEAD + 1) * row;
+                prefetch(self.keys.get(ahead.clone()).unwrap_or(&[]));
+                prefetch(self.values.get(ahead).unwrap_or(&[]));
+                let key = T::row(self.keys, j, row, &mut key_buf);
+                for ((u, q), k) in scores
+                    .iter_mut()
+                    .zip(self.query.chunks_exact(d))
+                    .zip(key.chunks_exact(d))
+                {
+                    *u = self.scale * dot::<M>(q, k);
+                }
             }
+            // 2. SiLU over all of them at once (one vectorised loop, not one call per head).
+            for u in e.iter_mut() {
+                *u = silu::<M>(*u); // E
+            }
+            // 3. Each head's running maximum moves at most once per sub-block.
             for hi in 0..h {
-                if e[hi] > m[hi] {
-                    // A new maximum: rescale what the head has gathered (rare after the start).
-                    let factor = exp::<M>(m[hi] - e[hi]);
+                let top = e.iter().skip(hi).step_by(h).fold(m[hi], |a, &b| a.max(b));
+                if top > m[hi] {
+                    let factor = exp::<M>(m[hi] - top);
                     l[hi] *= factor;
                     z[hi * d..(hi + 1) * d]
                         .iter_mut()
                         .for_each(|a| *a *= factor);
-                    m[hi] = e[hi];
+                    m[hi] = top;
                 }
             }
-            for ((w, e), m) in w.iter_mut().zip(&e).zip(&m) {
-                *w = exp::<M>(e - m);
+            // 4. The weights, all at once.
+            for scores in e.chunks_exact_mut(h) {
+                for (w, m) in scores.iter_mut().zip(&m) {
+                    *w = exp::<M>(*w - m);
+                }
             }
-            for ((l, acc), (v, &w)) in l
-                .iter_mut()
-                .zip(z.chunks_exact_mut(d))
-                .zip(value.chunks_exact(d).zip(&w))
-            {
-                *l += w;
-                for (a, x) in acc.iter_mut().zip(v) {
-                    *a = M::mul_add(w, *x, *a);
+            // 5. The values, row by row.
+            for (jj, weights) in e.chunks_exact(h).enumerate() {
+                let value = T::row(self.values, j0 + jj, row, &mut value_buf);
+                for ((l, acc), (v, &w)) in l
+                    .iter_mut()
+                    .zip(z.chunks_exact_mut(d))
+                    .zip(value.chunks_exact(d).zip(weights))
+                {
+                    *l += w;
+                    for (a, x) in acc.iter_mut().zip(v) {
+                        *a = M::mul_add(w, *x, *a);
+                    }
                 }
             }
         }

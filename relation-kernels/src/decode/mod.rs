@@ -19,7 +19,7 @@ mod cube;
 mod flex;
 #[cfg(feature = "flex")]
 #[allow(unused_imports)] // the tests' `debug::widen_f16`
-pub(crate) use flex::widen_f16;
+pub(crate) use flex::{widen_f16, widen_f16_portable};
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 use burn::backend::tensor::FloatTensor;

@@ -38,7 +38,9 @@ use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::{NO_HISTORY_LSE, STATS, stat};
-use crate::cube::{SequenceTiles, empty_like, empty_like_dtype, history_blocks, seq_tile, sigmoid};
+use crate::cube::{
+    SeqTile, SequenceTiles, empty_like, empty_like_dtype, history_blocks, seq_tile, sigmoid,
+};
 use crate::ops::FlashParams;
 use crate::tile_mma::{TILE, TilePath, tile_path, tile_product};
 
@@ -165,6 +167,45 @@ pub(super) fn load_padded<F: Float>(
     }
 }
 
+/// Rows `first .. first + rows` of `at`'s sequence and head of two inputs (a key tile and its
+/// value tile) into `a_tile` and `b_tile`, as [`load_padded`] lays them out.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn load_pair<F: Float>(
+    a: &Tensor<F>,
+    a_tile: &mut Shared<[F]>,
+    b: &Tensor<F>,
+    b_tile: &mut Shared<[F]>,
+    at: &SeqTile,
+    first: usize,
+    #[comptime] rows: usize,
+    #[comptime] head_dim: usize,
+    #[comptime] padded: usize,
+) {
+    load_padded::<F>(
+        a,
+        a_tile,
+        at.base,
+        at.row_stride,
+        first,
+        at.seq,
+        rows,
+        head_dim,
+        padded,
+    );
+    load_padded::<F>(
+        b,
+        b_tile,
+        at.base,
+        at.row_stride,
+        first,
+        at.seq,
+        rows,
+        head_dim,
+        padded,
+    );
+}
+
 #[cube(launch, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn flash_relation_fwd_tiles_kernel<F: Float>(
@@ -235,27 +276,8 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
     let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        load_padded::<F>(
-            p2,
-            &mut k_s,
-            at.base,
-            at.row_stride,
-            j0,
-            at.seq,
-            block_k,
-            head_dim,
-            padded,
-        );
-        load_padded::<F>(
-            info,
-            &mut v_s,
-            at.base,
-            at.row_stride,
-            j0,
-            at.seq,
-            block_k,
-            head_dim,
-            padded,
+        load_pair::<F>(
+            p2, &mut k_s, info, &mut v_s, &at, j0, block_k, head_dim, padded,
         );
         let mut idx = lane;
         while idx < 16 * block_k {

@@ -34,7 +34,7 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::cube_backward::{ROW_D, ROW_DA, ROWS};
-use super::cube_tiles::{TileShape, load_padded};
+use super::cube_tiles::{TileShape, load_padded, load_pair};
 use super::stat;
 use crate::cube::{SeqTile, SequenceTiles, empty_like, history_blocks, seq_tile, sigmoid};
 use crate::ops::FlashParams;
@@ -171,27 +171,8 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
     let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
-        load_padded::<F>(
-            p2,
-            &mut k_s,
-            at.base,
-            at.row_stride,
-            j0,
-            at.seq,
-            block_k,
-            head_dim,
-            padded,
-        );
-        load_padded::<F>(
-            info,
-            &mut v_s,
-            at.base,
-            at.row_stride,
-            j0,
-            at.seq,
-            block_k,
-            head_dim,
-            padded,
+        load_pair::<F>(
+            p2, &mut k_s, info, &mut v_s, &at, j0, block_k, head_dim, padded,
         );
         let mut idx = lane;
         while idx < 16 * block_k {
@@ -334,27 +315,8 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
     let mut lse_s = Shared::<[f32]>::new_slice(block_q);
     let mut off_s = Shared::<[f32]>::new_slice(block_q);
 
-    load_padded::<F>(
-        p2,
-        &mut k_s,
-        at.base,
-        at.row_stride,
-        at.first,
-        at.seq,
-        block_j,
-        head_dim,
-        padded,
-    );
-    load_padded::<F>(
-        info,
-        &mut v_s,
-        at.base,
-        at.row_stride,
-        at.first,
-        at.seq,
-        block_j,
-        head_dim,
-        padded,
+    load_pair::<F>(
+        p2, &mut k_s, info, &mut v_s, &at, at.first, block_j, head_dim, padded,
     );
     let mut idx = unit;
     while idx < block_j * padded {
