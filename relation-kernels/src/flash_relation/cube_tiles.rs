@@ -167,6 +167,82 @@ pub(super) fn load_padded<F: Float>(
     }
 }
 
+/// `C += A · Bᵀ` for one plane's 16 rows: `A` is 16 x `depth` at `a_start` (row stride `depth`),
+/// `B` `cols` rows of `depth` from its start (as `P2`'s rows in `P1 · P2ᵀ`), `C` 16 x `cols` at
+/// `c_start` (row stride `cols`); one tile product per 16 columns of `C`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn times_transposed<F: Float>(
+    a: &Shared<[F]>,
+    a_start: usize,
+    b: &Shared<[F]>,
+    c: &mut Shared<[f32]>,
+    c_start: usize,
+    lane: usize,
+    lanes: usize,
+    #[comptime] depth: usize,
+    #[comptime] cols: usize,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll]
+    for nt in 0..cols / 16 {
+        tile_product::<F>(
+            a,
+            a_start,
+            depth,
+            b,
+            nt * 16 * depth,
+            depth,
+            c,
+            c_start + nt * 16,
+            cols,
+            lane,
+            lanes,
+            depth,
+            true,
+            matrix_units,
+        );
+    }
+}
+
+/// `C += A · B` for one plane's 16 rows: `A` is 16 x `depth` at `a_start` (row stride `depth`),
+/// `B` `depth` rows of `cols` from its start (as `Ĩ` in `π · Ĩ`), `C` 16 x `cols` at `c_start`
+/// (row stride `cols`); one tile product per 16 columns of `C`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn times<F: Float>(
+    a: &Shared<[F]>,
+    a_start: usize,
+    b: &Shared<[F]>,
+    c: &mut Shared<[f32]>,
+    c_start: usize,
+    lane: usize,
+    lanes: usize,
+    #[comptime] depth: usize,
+    #[comptime] cols: usize,
+    #[comptime] matrix_units: bool,
+) {
+    #[unroll]
+    for dt in 0..cols / 16 {
+        tile_product::<F>(
+            a,
+            a_start,
+            depth,
+            b,
+            dt * 16,
+            cols,
+            c,
+            c_start + dt * 16,
+            cols,
+            lane,
+            lanes,
+            depth,
+            false,
+            matrix_units,
+        );
+    }
+}
+
 /// Rows `first .. first + rows` of `at`'s sequence and head of two inputs (a key tile and its
 /// value tile) into `a_tile` and `b_tile`, as [`load_padded`] lays them out.
 #[cube]
@@ -287,25 +363,18 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
         sync_cube();
 
         // S = Q · P2ᵀ for this plane's 16 rows, 16 keys at a time (P2's rows are Bᵀ's columns).
-        #[unroll]
-        for nt in 0..block_k / 16 {
-            tile_product::<F>(
-                &q_s,
-                q_start,
-                padded,
-                &k_s,
-                nt * 16 * padded,
-                padded,
-                &mut s_s,
-                s_start + nt * 16,
-                block_k,
-                lane,
-                lanes,
-                padded,
-                true,
-                matrix_units,
-            );
-        }
+        times_transposed::<F>(
+            &q_s,
+            q_start,
+            &k_s,
+            &mut s_s,
+            s_start,
+            lane,
+            lanes,
+            padded,
+            block_k,
+            matrix_units,
+        );
         sync_cube();
 
         // The online softmax over the history j < i of each row (one unit per row).
@@ -354,25 +423,18 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
         sync_cube();
 
         // O += π · Ĩ for this plane's rows, 16 columns at a time (Ĩ by rows).
-        #[unroll]
-        for dt in 0..padded / 16 {
-            tile_product::<F>(
-                &pi_s,
-                s_start,
-                block_k,
-                &v_s,
-                dt * 16,
-                padded,
-                &mut o_s,
-                q_start + dt * 16,
-                padded,
-                lane,
-                lanes,
-                block_k,
-                false,
-                matrix_units,
-            );
-        }
+        times::<F>(
+            &pi_s,
+            s_start,
+            &v_s,
+            &mut o_s,
+            q_start,
+            lane,
+            lanes,
+            block_k,
+            padded,
+            matrix_units,
+        );
         sync_cube();
     }
 

@@ -34,11 +34,11 @@ use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
 use super::cube_backward::{ROW_D, ROW_DA, ROWS};
-use super::cube_tiles::{TileShape, load_padded, load_pair};
+use super::cube_tiles::{TileShape, load_padded, load_pair, times, times_transposed};
 use super::stat;
 use crate::cube::{SeqTile, SequenceTiles, empty_like, history_blocks, seq_tile, sigmoid};
 use crate::ops::FlashParams;
-use crate::tile_mma::{TilePath, tile_path, tile_product};
+use crate::tile_mma::{TilePath, tile_path};
 
 /// Copies `dĪ_i = g_i dY_i` for rows `first .. first + rows` of one head into `tile` (`rows x
 /// padded`, input dtype), with each row's `L` and `dA - D` into `lse` and `offset` (zero past the
@@ -182,41 +182,30 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
         }
         sync_cube();
 
-        #[unroll]
-        for nt in 0..block_k / 16 {
-            tile_product::<F>(
-                &q_s,
-                q_start,
-                padded,
-                &k_s,
-                nt * 16 * padded,
-                padded,
-                &mut s_s,
-                s_start + nt * 16,
-                block_k,
-                lane,
-                lanes,
-                padded,
-                true,
-                matrix_units,
-            );
-            tile_product::<F>(
-                &dib_s,
-                q_start,
-                padded,
-                &v_s,
-                nt * 16 * padded,
-                padded,
-                &mut dp_s,
-                s_start + nt * 16,
-                block_k,
-                lane,
-                lanes,
-                padded,
-                true,
-                matrix_units,
-            );
-        }
+        times_transposed::<F>(
+            &q_s,
+            q_start,
+            &k_s,
+            &mut s_s,
+            s_start,
+            lane,
+            lanes,
+            padded,
+            block_k,
+            matrix_units,
+        );
+        times_transposed::<F>(
+            &dib_s,
+            q_start,
+            &v_s,
+            &mut dp_s,
+            s_start,
+            lane,
+            lanes,
+            padded,
+            block_k,
+            matrix_units,
+        );
         sync_cube();
 
         let mut e = unit;
@@ -234,25 +223,18 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
         sync_cube();
 
         // acc += dU · P2 (P2 by rows).
-        #[unroll]
-        for dt in 0..padded / 16 {
-            tile_product::<F>(
-                &du_s,
-                s_start,
-                block_k,
-                &k_s,
-                dt * 16,
-                padded,
-                &mut acc_s,
-                q_start + dt * 16,
-                padded,
-                lane,
-                lanes,
-                block_k,
-                false,
-                matrix_units,
-            );
-        }
+        times::<F>(
+            &du_s,
+            s_start,
+            &k_s,
+            &mut acc_s,
+            q_start,
+            lane,
+            lanes,
+            block_k,
+            padded,
+            matrix_units,
+        );
         sync_cube();
     }
 
@@ -356,41 +338,30 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
         sync_cube();
 
         // Sᵀ = P2 · Qᵀ and dPᵀ = Ĩ · dĪᵀ for this plane's 16 keys (Q, dĪ by columns).
-        #[unroll]
-        for nt in 0..block_q / 16 {
-            tile_product::<F>(
-                &k_s,
-                k_start,
-                padded,
-                &q_s,
-                nt * 16 * padded,
-                padded,
-                &mut st_s,
-                s_start + nt * 16,
-                block_q,
-                lane,
-                lanes,
-                padded,
-                true,
-                matrix_units,
-            );
-            tile_product::<F>(
-                &v_s,
-                k_start,
-                padded,
-                &dib_s,
-                nt * 16 * padded,
-                padded,
-                &mut dpt_s,
-                s_start + nt * 16,
-                block_q,
-                lane,
-                lanes,
-                padded,
-                true,
-                matrix_units,
-            );
-        }
+        times_transposed::<F>(
+            &k_s,
+            k_start,
+            &q_s,
+            &mut st_s,
+            s_start,
+            lane,
+            lanes,
+            padded,
+            block_q,
+            matrix_units,
+        );
+        times_transposed::<F>(
+            &v_s,
+            k_start,
+            &dib_s,
+            &mut dpt_s,
+            s_start,
+            lane,
+            lanes,
+            padded,
+            block_q,
+            matrix_units,
+        );
         sync_cube();
 
         let mut e = unit;
@@ -412,41 +383,30 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
         sync_cube();
 
         // acc_v += πᵀ · dĪ and acc_k += dUᵀ · Q (dĪ and Q by rows).
-        #[unroll]
-        for dt in 0..padded / 16 {
-            tile_product::<F>(
-                &pit_s,
-                s_start,
-                block_q,
-                &dib_s,
-                dt * 16,
-                padded,
-                &mut acc_v,
-                k_start + dt * 16,
-                padded,
-                lane,
-                lanes,
-                block_q,
-                false,
-                matrix_units,
-            );
-            tile_product::<F>(
-                &dut_s,
-                s_start,
-                block_q,
-                &q_s,
-                dt * 16,
-                padded,
-                &mut acc_k,
-                k_start + dt * 16,
-                padded,
-                lane,
-                lanes,
-                block_q,
-                false,
-                matrix_units,
-            );
-        }
+        times::<F>(
+            &pit_s,
+            s_start,
+            &dib_s,
+            &mut acc_v,
+            k_start,
+            lane,
+            lanes,
+            block_q,
+            padded,
+            matrix_units,
+        );
+        times::<F>(
+            &dut_s,
+            s_start,
+            &q_s,
+            &mut acc_k,
+            k_start,
+            lane,
+            lanes,
+            block_q,
+            padded,
+            matrix_units,
+        );
         sync_cube();
     }
 
