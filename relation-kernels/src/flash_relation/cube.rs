@@ -204,12 +204,6 @@ fn launch_forward(
     }: FlashArgs<CubeTensor>,
     save_ibar: bool,
 ) -> Forward {
-    let FlashParams {
-        scale,
-        inv_tau,
-        segments,
-        exchange_only,
-    } = params;
     let (p1, p2, info, lambda) = (
         into_contiguous(p1),
         into_contiguous(p2),
@@ -218,18 +212,16 @@ fn launch_forward(
     );
     if matches!(p1.dtype, DType::F16 | DType::BF16) {
         // Half precision runs on tile products: the matrix units where the runtime has them.
-        let (y, ibar, stats) = super::cube_tiles::launch(
-            (p1, p2, info, lambda),
-            &FlashParams {
-                scale,
-                inv_tau,
-                segments,
-                exchange_only,
-            },
-            save_ibar,
-        );
+        let (y, ibar, stats) =
+            super::cube_tiles::launch((p1, p2, info, lambda), &params, save_ibar);
         return Forward { y, ibar, stats };
     }
+    let FlashParams {
+        scale,
+        inv_tau,
+        segments,
+        exchange_only,
+    } = params;
     let dims = p1.meta.shape().clone();
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
     let tiling = Tiling::new(&p1.client, d, 2);

@@ -304,7 +304,7 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
     let FlashParams {
         scale,
         inv_tau,
-        segments,
+        ref segments,
         ..
     } = params;
     let (p1, p2, info, ibar, stats, dy) = (
@@ -347,16 +347,8 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
 
     if matches!(p1.dtype, DType::F16 | DType::BF16) {
         // Half precision runs on tile products, as the forward does.
-        let (dp1, dp2, dinfo) = super::cube_tiles_backward::launch(
-            (p1, p2, info, dy),
-            &rows,
-            &FlashParams {
-                scale,
-                inv_tau,
-                segments,
-                exchange_only: false,
-            },
-        );
+        let (dp1, dp2, dinfo) =
+            super::cube_tiles_backward::launch((p1, p2, info, dy), &rows, &params);
         return Gradients {
             p1: dp1,
             p2: dp2,

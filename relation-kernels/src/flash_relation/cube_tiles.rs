@@ -391,24 +391,26 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
             let m_old = m_s[r];
             let mut m_new = m_old;
             for c in 0..count {
+                // E = SiLU(U), written over the score for the pass below.
                 let u = s_s[r * block_k + c] * scale;
                 let e = u * sigmoid(u);
+                s_s[r * block_k + c] = e;
                 if e > m_new {
                     m_new = e;
                 }
             }
-            let mut sum = l_s[r] * (m_old - m_new).exp();
+            let rescale = (m_old - m_new).exp();
+            let mut sum = l_s[r] * rescale;
             #[unroll]
             for c in 0..block_k {
                 let mut p = 0.0f32;
                 if c < count {
-                    let u = s_s[r * block_k + c] * scale;
-                    p = (u * sigmoid(u) - m_new).exp();
+                    p = (s_s[r * block_k + c] - m_new).exp();
                 }
                 sum += p;
                 pi_s[r * block_k + c] = F::cast_from(p);
             }
-            r_s[r] = (m_old - m_new).exp();
+            r_s[r] = rescale;
             m_s[r] = m_new;
             l_s[r] = sum;
             r += units;
