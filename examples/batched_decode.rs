@@ -11,11 +11,16 @@
 //!
 //! ```text
 //! cargo run --release -p relation-examples --example batched_decode \
-//!     [-- --patterns LLLF,F,A --context 1024 --streams 1,4,16 --new-tokens 64 --repeats 3]
+//!     [-- --patterns LLLF,F,A --context 1024 --streams 1,4,16 --new-tokens 64 --repeats 3 \
+//!         --cache-dtype f32]
 //! ```
+//!
+//! `--cache-dtype bf16` (or `f16`) keeps the Full layers' Relation Cache and attention's K/V
+//! cache in half precision while the model computes in f32 (`relation generate --cache-dtype`).
 
 use std::time::Instant;
 
+use burn::tensor::DType;
 use clap::Parser;
 use relation_core::rng::SplitMix64;
 use relation_kernels::device::parse_device;
@@ -41,6 +46,19 @@ struct Args {
     /// Rounds of each stream count (interleaved); the best is kept.
     #[arg(long, default_value_t = 3)]
     repeats: usize,
+    /// Dtype of the per-token caches: f32, f16 or bf16.
+    #[arg(long, default_value = "f32", value_parser = cache_dtype)]
+    cache_dtype: DType,
+}
+
+/// `f32`, `f16` or `bf16`.
+fn cache_dtype(name: &str) -> Result<DType, String> {
+    match name {
+        "f32" => Ok(DType::F32),
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => Err(format!("cache dtype `{other}`: expected f32, f16 or bf16")),
+    }
 }
 
 /// Prefill tokens per second and decoding seconds of one round of `streams` prompts.
@@ -70,7 +88,7 @@ fn round(
         })
         .collect();
     let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
-    let mut batch = DecodeBatch::new(lm, streams);
+    let mut batch = DecodeBatch::new(lm, streams).with_cache_dtype(Some(args.cache_dtype))?;
     let start = Instant::now();
     batch.admit(requests)?;
     let prefill = prompt_tokens as f64 / start.elapsed().as_secs_f64();
@@ -94,9 +112,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let device = parse_device(&args.device)?;
     println!(
-        "Device {device:?} ({} threads); d 256, H 8, d_ff 512, 4 layers, vocab 4096; prompts of \
-         {}..{} tokens, {} tokens generated per stream; best of {} interleaved rounds",
+        "Device {device:?} ({} threads); d 256, H 8, d_ff 512, 4 layers, vocab 4096; {:?} caches; \
+         prompts of {}..{} tokens, {} tokens generated per stream; best of {} interleaved rounds",
         rayon::current_num_threads(),
+        args.cache_dtype,
         args.context / 2,
         args.context / 2 + args.context,
         args.new_tokens,

@@ -113,9 +113,13 @@ pub fn rope_angles_at(
     let t = positions.size_hint().0;
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
+    // base^(-2k/D) once per pair, not once per position (the same value either way).
+    let frequencies: Vec<f64> = (0..half)
+        .map(|k| base.powf(-2.0 * k as f64 / d as f64))
+        .collect();
     for pos in positions {
-        for k in 0..half {
-            let phase = pos as f64 * base.powf(-2.0 * k as f64 / d as f64);
+        for &frequency in &frequencies {
+            let phase = pos as f64 * frequency;
             cos.push(phase.cos());
             sin.push(phase.sin());
         }

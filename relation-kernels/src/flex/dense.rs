@@ -57,7 +57,47 @@ pub(crate) fn product(
         faer::linalg::matmul::matmul(dst, faer::Accum::Replace, a, b, 1.0f32, par);
         y.set_len(len);
     }
+    if par == faer::Par::Seq {
+        clear_upper_registers();
+    }
     y
+}
+
+/// Clears the upper halves of the vector registers (`vzeroupper`) on x86-64 CPUs with AVX.
+///
+/// Why: faer's AVX-512 kernels, when they run on the calling thread (products too small to
+/// split among threads: every projection of a decoding step), return with the registers'
+/// upper halves still marked in use. Until something clears that state, every legacy-SSE
+/// instruction pays for a merge with the upper halves, and code built for the baseline x86-64
+/// target — Burn's element-wise maths calling libm's scalar `expf` — ran ~40x slower: the
+/// log-decay gate's `exp` over 16 x 256 values took 0.8 ms after the gate's first product
+/// instead of 0.02 ms (Intel Xeon with AVX-512). Code the compiler builds for AVX clears the
+/// state itself before it returns; this does it for the kernels that do not. Products split
+/// among threads run on the pool's threads, which run this crate's kernels (compiled for the
+/// vector extension, [`crate::flex::vectorized`]) rather than baseline code; clearing them too
+/// (a broadcast after each product) changed neither training nor decoding speed.
+pub(crate) fn clear_upper_registers() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: the CPU has AVX (checked above), the only requirement of `vzeroupper`. It
+        // zeroes bits 128 and up of the vector registers, which no compiled code holds live
+        // across a call (both x86-64 calling conventions make them caller-saved).
+        #[allow(unsafe_code)]
+        unsafe {
+            zero_upper()
+        }
+    }
+}
+
+/// `vzeroupper`.
+///
+/// # Safety
+/// The CPU must support AVX.
+#[cfg(target_arch = "x86_64")]
+#[allow(unsafe_code)]
+#[target_feature(enable = "avx")]
+unsafe fn zero_upper() {
+    std::arch::x86_64::_mm256_zeroupper();
 }
 
 /// `a · b` into a new row-major `[M, N]` f32 buffer through this crate's AVX-512 GEMM

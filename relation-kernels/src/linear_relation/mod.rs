@@ -121,17 +121,22 @@ fn one_step(x: LinearInputs, tau: f64, dims: check::Bthd) -> Result<LinearRelati
     } = x;
     let state = initial_state.expect("the caller checked that a state is given");
     use step::LinearStepOps;
-    let out = Tensor::<4>::from_dispatch(Dispatch::linear_relation_one_step(
+    let out = Tensor::<1>::from_dispatch(Dispatch::linear_relation_one_step(
         p1.into_dispatch(),
         p2.into_dispatch(),
         info.into_dispatch(),
         log_alpha.into_dispatch(),
         state.into_dispatch(),
         params,
-    )); // [B, H, 1 + D, D]
+    )); // [B·H·D·D + B·H·D]: the new state, then y
+    let [b, _, h, _] = dims.dims();
+    let states = b * h * d * d;
     Ok(LinearRelationOutput {
-        y: out.clone().narrow(2, 0, 1).swap_dims(1, 2), // [B, 1, H, D]
-        state: out.narrow(2, 1, d),                     // [B, H, D, D]
+        y: out
+            .clone()
+            .narrow(0, states, b * h * d)
+            .reshape([b, 1, h, d]),
+        state: out.narrow(0, 0, states).reshape([b, h, d, d]),
     })
 }
 

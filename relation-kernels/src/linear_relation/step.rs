@@ -10,7 +10,10 @@
 //! decoding step is then one launch on a CubeCL runtime (one cube per sequence and head, one unit
 //! per state column, or `lanes` columns per unit where a cube has fewer units than `D`) and one
 //! pass on Flex, instead of the element-wise preparation and the recurrent kernel. The output is
-//! the recurrent kernels' bundle `[B, H, 1 + D, D]`: row 0 is `y`, rows `1..=D` the new state.
+//! one flat array `[B·H·D·D + B·H·D]`: the new state `[B, H, D, D]`, then `y` `[B, H, D]` (the
+//! same memory as `[B, 1, H, D]`), so both are contiguous slices of it and the next step reads
+//! the state in place (a `[B, H, 1 + D, D]` bundle made the state a strided view, copied
+//! before every step).
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 use burn::backend::tensor::FloatTensor;
@@ -29,13 +32,18 @@ pub struct StepParams {
 }
 
 /// `[B, 1, H, D]` -> `[B, H, 1 + D, D]`: the step's bundle.
+/// Elements of the step's output for `b` sequences of `h` heads of `d`: the state, then `y`.
+pub(super) fn bundle_len(b: usize, h: usize, d: usize) -> usize {
+    b * h * d * (d + 1)
+}
+
 #[cfg(feature = "cube")]
 fn bundle_spec(
     p1: &burn::backend::fusion::custom::TensorSpec,
 ) -> burn::backend::fusion::custom::TensorSpec {
     let x = &p1.shape;
     burn::backend::fusion::custom::TensorSpec::new(
-        Shape::new([x[0], x[2], 1 + x[3], x[3]]),
+        Shape::new([bundle_len(x[0], x[2], x[3])]),
         p1.dtype,
     )
 }
@@ -114,7 +122,9 @@ impl<B: LinearStepOps, C: burn::backend::autodiff::checkpoint::strategy::Checkpo
     }
 }
 
-/// The step on Flex: one task per (sequence, head), in f32.
+/// The step on Flex: one task per (sequence, head), in f32, each compiled for the CPU's vector
+/// extension ([`StepHead`]); the inputs are read in place when they are contiguous f32 (the
+/// state always is: it is the previous step's output).
 #[cfg(feature = "flex")]
 fn flex_step(
     p1: burn::backend::flex::FlexTensor,
@@ -126,34 +136,84 @@ fn flex_step(
 ) -> burn::backend::flex::FlexTensor {
     use rayon::prelude::*;
 
-    use crate::flex::{dims4, read_f32, tensor};
+    use crate::flex::{Uninit, dims4, f32_data, init_rows, tensor, vectorized};
 
     let [b, _, h, d] = dims4(&p1);
     let dtype = p1.dtype();
-    let [p1, p2, v, g, c0] = [&p1, &p2, &info, &log_alpha, &state].map(read_f32);
-    let block = (1 + d) * d; // one (sequence, head)'s bundle
-    let mut out = vec![0f32; b * h * block];
-    out.par_chunks_mut(block).enumerate().for_each(|(bh, out)| {
-        let row = bh * d..(bh + 1) * d; // [B, 1, H, D] rows are (b, h)-major too
-        let (x1, x2, v, g) = (&p1[row.clone()], &p2[row.clone()], &v[row.clone()], &g[row]);
+    let [p1, p2, v, g, c0] = [&p1, &p2, &info, &log_alpha, &state].map(f32_data);
+    let mut out = Uninit::new(bundle_len(b, h, d));
+    let (new, y) = out.room().split_at_mut(b * h * d * d);
+    new.par_chunks_mut(d * d)
+        .zip(y.par_chunks_mut(d))
+        .enumerate()
+        .for_each(|(bh, (new, y))| {
+            let row = bh * d..(bh + 1) * d; // [B, 1, H, D] rows are (b, h)-major too
+            let mut rows = init_rows(&mut vec![new, y]);
+            let (y, new) = (rows.pop().expect("y"), rows.pop().expect("state"));
+            vectorized(StepHead {
+                x1: &p1[row.clone()],
+                x2: &p2[row.clone()],
+                v: &v[row.clone()],
+                g: &g[row],
+                from: &c0[bh * d * d..(bh + 1) * d * d],
+                y,
+                new,
+                params,
+            });
+        });
+    // SAFETY: the tasks cover the whole room (state blocks of D·D, `y` rows of D, one pair per
+    // (sequence, head)), and each initialised its rows (`init_rows`) before writing them.
+    #[allow(unsafe_code)]
+    let out = unsafe { out.assume_init() };
+    tensor(out, Shape::new([bundle_len(b, h, d)]), dtype)
+}
+
+/// One (sequence, head) of the Flex step: `y` and the new state `new` from the old one `from`.
+#[cfg(feature = "flex")]
+struct StepHead<'a> {
+    x1: &'a [f32],
+    x2: &'a [f32],
+    v: &'a [f32],
+    g: &'a [f32],
+    from: &'a [f32],
+    y: &'a mut [f32],
+    new: &'a mut [f32],
+    params: StepParams,
+}
+
+#[cfg(feature = "flex")]
+impl crate::flex::Vectorized for StepHead<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn run<M: crate::flex::MulAdd>(self) {
+        use crate::flex::{exp, sigmoid};
+        let StepHead {
+            x1,
+            x2,
+            v,
+            g,
+            from,
+            y,
+            new,
+            params,
+        } = self;
+        let d = x1.len();
         let dot: f32 = x1.iter().zip(x2).map(|(a, b)| a * b).sum();
-        let s = 1.0 / (1.0 + (-dot * params.scale).exp());
+        let s = sigmoid::<M>(dot * params.scale);
         let n1 = (x1.iter().map(|a| a * a).sum::<f32>() + params.eps).sqrt();
         let n2 = (x2.iter().map(|a| a * a).sum::<f32>() + params.eps).sqrt();
-        let c = &c0[bh * d * d..(bh + 1) * d * d];
-        let (y, new) = out.split_at_mut(d);
         y.copy_from_slice(v);
         for k in 0..d {
-            let (decay, qk, kk) = (g[k].exp(), s * x1[k] / n1, s * x2[k] / n2);
-            let (from, to) = (&c[k * d..(k + 1) * d], &mut new[k * d..(k + 1) * d]);
-            for col in 0..d {
-                let cm = decay * from[col];
-                y[col] += qk * cm;
-                to[col] = cm + kk * v[col];
+            let (decay, qk, kk) = (exp::<M>(g[k]), s * x1[k] / n1, s * x2[k] / n2);
+            let (from, to) = (&from[k * d..(k + 1) * d], &mut new[k * d..(k + 1) * d]);
+            for (((to, &from), y), &v) in to.iter_mut().zip(from).zip(y.iter_mut()).zip(v) {
+                let cm = decay * from;
+                *y = M::mul_add(qk, cm, *y);
+                *to = M::mul_add(kk, v, cm);
             }
         }
-    });
-    tensor(out, Shape::new([b, h, 1 + d, d]), dtype)
+    }
 }
 
 #[cfg(feature = "cube")]
@@ -195,8 +255,9 @@ mod cube {
         let s = f32::new(1.0) / (f32::new(1.0) + (-dot * scale).exp());
         let q_scale = s / (sq1 + eps).sqrt();
         let k_scale = s / (sq2 + eps).sqrt();
-        let block = (head_dim + 1) * head_dim;
         let units = CUBE_DIM_X as usize;
+        // The new state first (`[B, H, D, D]`), then `y` (`[B, H, D]`).
+        let y_at = CUBE_COUNT_X as usize * head_dim * head_dim + row;
         // Per state row k, once for the cube: the decay, S_t p̂1_k and S_t p̂2_k.
         let mut coef = Shared::<[f32]>::new_slice(comptime!(3 * head_dim));
         let mut k = UNIT_POS_X as usize;
@@ -214,10 +275,10 @@ mod cube {
             for k in 0..head_dim {
                 let cm = coef[k] * f32::cast_from(state[(bh * head_dim + k) * head_dim + col]);
                 y += coef[head_dim + k] * cm;
-                out[bh * block + (1 + k) * head_dim + col] =
+                out[(bh * head_dim + k) * head_dim + col] =
                     F::cast_from(cm + coef[2 * head_dim + k] * v);
             }
-            out[bh * block + col] = F::cast_from(y);
+            out[y_at + col] = F::cast_from(y);
             col += units;
         }
     }
@@ -238,7 +299,7 @@ mod cube {
         let client = p1.client.clone();
         let dtype = dtype_to_storage_type(p1.dtype);
         let (units, _) = crate::cube::column_units(&client, d, 1);
-        let out = empty_like(&p1, Shape::new([b, h, 1 + d, d]));
+        let out = empty_like(&p1, Shape::new([super::bundle_len(b, h, d)]));
         linear_step_kernel::launch(
             &client,
             CubeCount::Static((b * h) as u32, 1, 1),
