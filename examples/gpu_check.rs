@@ -1,9 +1,10 @@
 //! `gpu_check`: the GPU check's programs in one binary, for a machine without a Rust toolchain.
 //!
-//! `scripts/gpu/build.sh` ships two binaries: the kernel test binary of `relation-kernels` and
-//! this one. Each statically links the CubeCL compilers (and, in a CUDA build, LLVM's NVPTX and
-//! X86 backends), so one binary for the benchmarks and the trainer instead of three keeps the
-//! bundle small.
+//! `scripts/gpu/build.sh` ships the kernel test binary of `relation-kernels` and this one, twice:
+//! built as the tests are, and with Burn's `autotune` feature (`gpu_check_autotune`, whose
+//! `flash --only-attention` rows are Burn's attention at its best). Each statically links the
+//! CubeCL compilers (and, in a CUDA build, LLVM's NVPTX and X86 backends), so one binary for the
+//! benchmarks and the trainer instead of several keeps the bundle small.
 //!
 //! ```text
 //! gpu_check flash    [flash_relation_bench flags]     FlashRelation vs materialized vs attention
@@ -13,6 +14,7 @@
 //! gpu_check relation [relation flags]                 the trainer (`relation train ...`, etc.)
 //! gpu_check summary  --dir OUT --devices vulkan,cuda  check every promised table and log, and
 //!                    [--dtypes f32,f16,bf16]          write OUT/summary.md with the paper's anchors
+//!                    [--b8-dtype bf16] [--autotune]   (the B 8 tables' dtype; the autotuned rows)
 //! ```
 //!
 //! `summary` exits with status 1 when a table or log the run promised is missing or does not
@@ -68,6 +70,13 @@ struct SummaryArgs {
     /// The dtypes of the FlashRelation tables, for every device.
     #[arg(long, value_delimiter = ',', default_value = "f32,f16")]
     dtypes: Vec<String>,
+    /// The dtype of the B 8 tables (`flash_relation_<dtype>_b8_<device>.md`).
+    #[arg(long, default_value = "bf16")]
+    b8_dtype: String,
+    /// The run timed Burn's attention from the `autotune` build too
+    /// (`flash_attention_autotune_<dtype>_b8_<device>.md`).
+    #[arg(long)]
+    autotune: bool,
 }
 
 fn main() {
@@ -193,6 +202,77 @@ fn read(dir: &Path, name: &str, problems: &mut Vec<String>) -> Option<String> {
     }
 }
 
+/// The summary's table of the fused training step against Burn's attention with its default
+/// kernels and with the `autotune` build's (`dtype`, B 8), per device and `T`.
+fn best_attention(
+    dir: &Path,
+    (devices, dtype): (&[String], &str),
+    md: &mut String,
+    problems: &mut Vec<String>,
+) {
+    let _ = writeln!(
+        md,
+        "\n## Training step against Burn's attention at its best ({dtype}, B 8)\n"
+    );
+    *md += "| device | T | fused train ms | attention train ms | autotuned attention train ms | best attention / fused |\n";
+    *md += "|---|---|---|---|---|---|\n";
+    let mut notes = Vec::new();
+    for device in devices {
+        let plain = format!("flash_relation_{dtype}_b8_{device}.md");
+        let tuned_name = format!("flash_attention_autotune_{dtype}_b8_{device}.md");
+        let (Some(plain_text), Some(tuned_text)) = (
+            read(dir, &plain, problems),
+            read(dir, &tuned_name, problems),
+        ) else {
+            continue;
+        };
+        if plain_text.contains("not supported by this device") {
+            let _ = writeln!(md, "| {device} | - | not supported | | | |");
+            continue;
+        }
+        let (Some((plain_rows, _)), Some((tuned_rows, failed))) =
+            (rows(&plain_text), rows(&tuned_text))
+        else {
+            problems.push(format!(
+                "{plain} or {tuned_name}: a table row does not parse"
+            ));
+            continue;
+        };
+        failed_rows(problems, &tuned_name, &failed);
+        if let Some(line) = tuned_text.lines().find(|l| l.starts_with("Burn built")) {
+            notes.push(format!("{device}, second build: {line}"));
+        }
+        for fused in plain_rows.iter().filter(|r| r.method == "fused") {
+            let find = |rows: &[Row]| {
+                rows.iter()
+                    .find(|r| r.method.starts_with("burn attention") && r.seq == fused.seq)
+                    .map(|r| r.train_ms)
+            };
+            let (default, tuned) = (find(&plain_rows), find(&tuned_rows));
+            let best = match (default, tuned) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let cell = |x: Option<f64>| x.map_or("-".into(), |v| format!("{v:.3}"));
+            let _ = writeln!(
+                md,
+                "| {device} | {} | {:.3} | {} | {} | {} |",
+                fused.seq,
+                fused.train_ms,
+                cell(default),
+                cell(tuned),
+                best.map_or("-".into(), |b| format!("{:.2}x", b / fused.train_ms)),
+            );
+            if tuned.is_none() {
+                problems.push(format!("{tuned_name}: no attention row at T {}", fused.seq));
+            }
+        }
+    }
+    for note in notes {
+        let _ = writeln!(md, "\n{note}");
+    }
+}
+
 /// Writes `summary.md` and returns what is missing or broken.
 fn summary(args: &SummaryArgs) -> Vec<String> {
     let dir = &args.dir;
@@ -258,7 +338,10 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
         .dtypes
         .iter()
         .map(|d| (d.as_str(), 1usize, 1024usize))
-        .chain([("bf16", 8, 1024), ("bf16", 8, usize::MAX)]);
+        .chain([
+            (args.b8_dtype.as_str(), 8, 1024),
+            (args.b8_dtype.as_str(), 8, usize::MAX),
+        ]);
     for device in &args.devices {
         for (dtype, batch, at_seq) in tables.clone() {
             let name = if batch == 1 {
@@ -319,6 +402,12 @@ fn summary(args: &SummaryArgs) -> Vec<String> {
                 fused.tflops.map_or("-".into(), |t| format!("{t:.3}")),
             );
         }
+    }
+
+    // 2c. The training step against Burn's attention at its best: its default kernels (the B 8
+    //     table) or the autotuned build's, whichever is faster at each T.
+    if args.autotune {
+        best_attention(dir, (&args.devices, &args.b8_dtype), &mut md, &mut problems);
     }
 
     // 3. Linear Relation: the table parses and names its crossover.

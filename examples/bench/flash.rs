@@ -13,7 +13,10 @@
 //!   the Flex CPU kernels),
 //! - **materialized**: `relation_core::naive_parallel_relation` (builds `R`, `T x T` per head),
 //! - **burn attention**: `burn::tensor::module::attention(.., is_causal)` (Burn's flash kernel
-//!   forward on CubeCL; its training falls back to the decomposed form),
+//!   forward on CubeCL; its training falls back to the decomposed form), named **burn
+//!   attention, autotune** in a build with the `autotune` feature (CubeCL then times Burn's
+//!   kernel variants at each new shape and keeps the fastest); `--only-attention` times that
+//!   row alone (the GPU check runs it from its autotuned build, beside the plain build's table),
 //!
 //! the memory held after the forward pass with the autodiff graph alive (what a training step
 //! keeps for its backward; CubeCL devices only) and the peak memory of a training step (the process
@@ -67,6 +70,9 @@ pub struct Args {
     /// Skip Burn's attention above this T.
     #[arg(long = "max-attention", default_value_t = 1 << 20, value_name = "T")]
     skip_attention_above: usize,
+    /// Time Burn's attention alone (no fused, materialized or matmul rows).
+    #[arg(long)]
+    only_attention: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -88,6 +94,7 @@ impl Method {
             Self::Fused => "fused",
             Self::FusedEmulated => "fused, emulated tiles",
             Self::Materialized => "materialized",
+            Self::BurnAttention if cfg!(feature = "autotune") => "burn attention, autotune",
             Self::BurnAttention => "burn attention",
             Self::Matmul => "matmul P1·P2ᵀ",
         }
@@ -362,6 +369,9 @@ pub fn run(args: &Args) {
         methods.insert(1, Method::FusedEmulated);
     }
     methods.push(Method::Matmul);
+    if args.only_attention {
+        methods = vec![Method::BurnAttention];
+    }
     let mut table = String::new();
     table += &format!(
         "FlashRelation benchmark on {}, B = {}, H = {}, D = {}, {:?}, mean of {} iterations\n\n",
@@ -380,6 +390,11 @@ pub fn run(args: &Args) {
         };
         table += &format!("Tile products of the fused kernels on this device: {path}.\n");
     }
+    table += if cfg!(feature = "autotune") {
+        "Burn built with `autotune`: its kernels are tuned at each new shape (the tuning run is not timed).\n"
+    } else {
+        "Burn built without `autotune`: its default kernels.\n"
+    };
     table += "fwd TFLOP/s counts 2·B·H·T²·D for every row (the causal forward's two half-square products, \
         or the matmul row's one full product), so fused over matmul is the fused forward's share of \
         the GEMM rate at the same shapes.\n\n";

@@ -52,9 +52,10 @@ case "$features" in *vulkan*) vk=vulkan ;; *) vk=wgpu ;; esac
 devices="$vk"
 case "$features" in *cuda*) devices="$vk cuda" ;; esac
 dtypes="f32 f16 bf16" # bf16 tables say "not supported" where the device has no bf16
+b8_dtype=bf16 # steps 2b and 2c; f16 in the rehearsal, whose software Vulkan has no bf16
 
 if [ "$rehearse" = 1 ]; then
-  kernel_filter=flash_relation_f16; t_kernels=600; kernel_threads=1
+  kernel_filter=flash_relation_f16; t_kernels=600; kernel_threads=1; b8_dtype=f16
   flash=(--seqs 64,128 --batch 1 --heads 2 --head-dim 32 --iters 1); t_flash=300
   flash_b8=(--seqs 64 --batch 8 --heads 2 --head-dim 32 --iters 1)
   linear=(--seqs 64,128 --max-flash 128 --heads 2 --head-dim 32 --iters 1 --chunk 16); t_linear=300
@@ -92,9 +93,16 @@ for dev in $devices; do
     echo "flash $dtype $dev exit $?"
   done
   # 2b. bf16 at B 8: the same methods, the GEMM rate, the emulated tiles where tensor cores exist.
-  timeout "$t_flash" "$bin/gpu_check" flash --device "$dev" --dtype bf16 "${flash_b8[@]}" \
-    --out "$OUT/flash_relation_bf16_b8_$dev.md" > "$OUT/bench-flash-bf16-b8-$dev.log" 2>&1
-  echo "flash bf16 b8 $dev exit $?"
+  timeout "$t_flash" "$bin/gpu_check" flash --device "$dev" --dtype $b8_dtype "${flash_b8[@]}" \
+    --out "$OUT/flash_relation_${b8_dtype}_b8_$dev.md" > "$OUT/bench-flash-$b8_dtype-b8-$dev.log" 2>&1
+  echo "flash $b8_dtype b8 $dev exit $?"
+  # 2c. Burn's attention alone from the build with `autotune` (its best), the shapes of 2b.
+  if [ -x "$bin/gpu_check_autotune" ]; then
+    timeout "$t_flash" "$bin/gpu_check_autotune" flash --device "$dev" --dtype $b8_dtype \
+      --only-attention "${flash_b8[@]}" --out "$OUT/flash_attention_autotune_${b8_dtype}_b8_$dev.md" \
+      > "$OUT/bench-flash-autotune-$dev.log" 2>&1
+    echo "flash autotune $dev exit $?"
+  fi
   # 3. Linear Relation (chunked, recurrent) against FlashRelation as T grows.
   timeout "$t_linear" "$bin/gpu_check" linear --device "$dev" "${linear[@]}" \
     --out "$OUT/linear_relation_$dev.md" > "$OUT/bench-linear-$dev.log" 2>&1
@@ -129,8 +137,10 @@ for dev in $devices; do
 done
 
 # 5. Check everything promised above and write summary.md.
+autotune=()
+[ -x "$bin/gpu_check_autotune" ] && autotune=(--autotune)
 "$bin/gpu_check" summary --dir "$OUT" --devices "$(echo $devices | tr ' ' ,)" \
-  --dtypes "$(echo $dtypes | tr ' ' ,)"
+  --dtypes "$(echo $dtypes | tr ' ' ,)" --b8-dtype $b8_dtype ${autotune[@]+"${autotune[@]}"}
 status=$?
 echo "gpu check $([ "$rehearse" = 1 ] && echo rehearsal) finished in $(( $(date +%s) - start )) s, status $status"
 exit $status
