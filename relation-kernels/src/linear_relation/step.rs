@@ -31,12 +31,12 @@ pub struct StepParams {
     pub eps: f32,
 }
 
-/// `[B, 1, H, D]` -> `[B, H, 1 + D, D]`: the step's bundle.
 /// Elements of the step's output for `b` sequences of `h` heads of `d`: the state, then `y`.
 pub(super) fn bundle_len(b: usize, h: usize, d: usize) -> usize {
     b * h * d * (d + 1)
 }
 
+/// `[B, 1, H, D]` -> `[B·H·D·D + B·H·D]`: the step's output under fusion.
 #[cfg(feature = "cube")]
 fn bundle_spec(
     p1: &burn::backend::fusion::custom::TensorSpec,
@@ -61,7 +61,8 @@ pub trait LinearStepOps: Backend {
     ///
     /// # Shapes
     /// - `p1`, `p2`, `info`, `log_alpha`: `[B, 1, H, D]`; `state`: `[B, H, D, D]`
-    /// - output: `[B, H, 1 + D, D]` (row 0 `y`, then the new state), in `p1`'s dtype
+    /// - output: `[B·H·D·D + B·H·D]` (the new state `[B, H, D, D]`, then `y` `[B, H, D]`), in
+    ///   `p1`'s dtype
     #[fusion(meta = |p1, _p2, _info, _g, _state, _params| bundle_spec(p1))]
     fn linear_relation_one_step(
         p1: FloatTensor<Self>,
