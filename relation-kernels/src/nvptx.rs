@@ -1,5 +1,5 @@
 //! The offline check that the half-precision CubeCL kernels reach the tensor cores: the tiled
-//! FlashRelation kernels compiled to PTX by the CUDA runtime's own compiler (CubeCL's LLVM
+//! FlashRelation kernels and the chunked Linear Relation's tiled outputs compiled to PTX by the CUDA runtime's own compiler (CubeCL's LLVM
 //! backend, LLVM's NVPTX target), with no GPU and no CUDA installation.
 //!
 //! The kernels are expanded on another CubeCL device of this build (their arguments are only
@@ -31,13 +31,15 @@ const H100_SHARED: usize = 227 * 1024;
 /// One kernel compiled to PTX.
 #[derive(Debug, Clone)]
 pub struct PtxKernel {
-    /// Which kernel: `flash_fwd_tiles`, `flash_dq_tiles` or `flash_dkdv_tiles`.
+    /// Which kernel: `flash_fwd_tiles`, `flash_dq_tiles`, `flash_dkdv_tiles` or
+    /// `linear_chunk_output_tiles`.
     pub name: &'static str,
     /// The PTX text.
     pub ptx: String,
     /// Shared memory the launch reserves, in bytes.
     pub shared_bytes: usize,
-    /// `(planes, key or query tile rows)` of the compiled shape.
+    /// `(planes, key or query tile rows)` of the compiled shape (the chunk for the Linear
+    /// Relation's kernel).
     pub shape: (usize, usize),
 }
 
@@ -97,6 +99,31 @@ pub fn flash_tile_kernels(
     let props = std::sync::Arc::new(props);
     let (dq_def, dkdv_def) =
         cube_tiles_backward::backward_definitions(&p, &rows, &table, dq, dkdv, props.clone());
+    // The chunked Linear Relation's outputs, chunks of 64 (the GPU check's).
+    let chunk = 64;
+    let (lanes, planes) = crate::linear_relation::chunk_tiles_for_limits(
+        (WARP, MAX_UNITS, H100_SHARED),
+        head_dim,
+        chunk,
+        elem,
+    )
+    .ok_or("the chunked Linear Relation's tiles do not fit an H100")?;
+    let chunk_shape = cube_tiles::TileShape {
+        lanes,
+        planes,
+        block_k: chunk,
+        padded: head_dim.next_multiple_of(TILE),
+    };
+    let states = tensor(
+        Shape::new([1, h, t / chunk, head_dim, head_dim]),
+        DType::F32,
+    );
+    let chunk_def = crate::linear_relation::chunk_output_definition(
+        &p,
+        &states,
+        (lanes, planes, chunk),
+        props.clone(),
+    );
     let definitions = [
         (
             "flash_fwd_tiles",
@@ -105,6 +132,7 @@ pub fn flash_tile_kernels(
         ),
         ("flash_dq_tiles", dq, dq_def),
         ("flash_dkdv_tiles", dkdv, dkdv_def),
+        ("linear_chunk_output_tiles", chunk_shape, chunk_def),
     ];
     let options = CudaCompilationOptions {
         arch: Some(SmArch::new(sm, true)),

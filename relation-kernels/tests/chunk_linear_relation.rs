@@ -103,6 +103,90 @@ device_tests! {
     }
 }
 
+/// The half-precision chunked outputs on tile products (`cube_chunk_tiles.rs`): weak gates, so
+/// that the blocks before the diagonal carry weight (with gates near -0.5 per token a block 16
+/// tokens back is down to e^-8, and an error there would not show), chunks of 64 (four row
+/// blocks), a partial last chunk, head dims padded to 16, one token, and the strongest gates
+/// (the factored decay's two exponents must both stay finite).
+fn check_half_tiles(device: &Device, dtype: DType) {
+    check_case(
+        device,
+        [1, 130, 2, 64],
+        64,
+        dtype,
+        40,
+        (-0.05, 0.0),
+        true,
+        true,
+    );
+    check_case(
+        device,
+        [2, 100, 1, 48],
+        32,
+        dtype,
+        41,
+        (-0.02, 0.0),
+        false,
+        true,
+    );
+    check_case(
+        device,
+        [1, 77, 2, 60],
+        64,
+        dtype,
+        42,
+        (-0.1, 0.0),
+        true,
+        false,
+    );
+    check_case(
+        device,
+        [1, 1, 2, 32],
+        64,
+        dtype,
+        43,
+        (-0.05, 0.0),
+        true,
+        true,
+    );
+    check_case(
+        device,
+        [1, 70, 1, 32],
+        64,
+        dtype,
+        44,
+        (-20.5, -19.5),
+        true,
+        false,
+    );
+    check_case(
+        device,
+        [1, 70, 1, 32],
+        64,
+        dtype,
+        45,
+        (0.0, 0.0),
+        false,
+        false,
+    );
+}
+
+device_tests! {
+    fn chunk_f16_tiles(device) {
+        assert!(
+            device.supports_dtype(DType::F16),
+            "this device has no f16 support"
+        );
+        check_half_tiles(&device, DType::F16);
+    }
+}
+
+bf16_device_tests! {
+    fn chunk_bf16_tiles(device) {
+        check_half_tiles(&device, DType::BF16);
+    }
+}
+
 bf16_device_tests! {
     fn chunk_bf16(device) {
         check_case(&device, [1, 63, 2, 64], 32, DType::BF16, 30, (-1.0, 0.0), true, true);

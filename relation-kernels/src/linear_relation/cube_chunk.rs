@@ -545,6 +545,37 @@ pub(crate) fn forward(
         true,
         dtype,
     );
+    // f16/bf16: the outputs on tile products where one plane's tiles fit the shared memory.
+    let tiles = match q.dtype {
+        DType::F16 | DType::BF16 => super::cube_chunk_tiles::tiles_fit(&client, d, chunk, 2),
+        _ => None,
+    };
+    if let Some((lanes, planes)) = tiles {
+        let path = crate::tile_mma::tile_path(&client, q.dtype);
+        tracing::trace!(
+            ?path,
+            planes,
+            "chunked Linear Relation outputs on tile products"
+        );
+        super::cube_chunk_tiles::chunk_output_tiles_kernel::launch(
+            &client,
+            CubeCount::Static(n_chunks as u32, (b * h) as u32, 1),
+            CubeDim::new_2d(lanes as u32, planes as u32),
+            q.into_tensor_arg(),
+            k.into_tensor_arg(),
+            v.into_tensor_arg(),
+            g.into_tensor_arg(),
+            states.into_tensor_arg(),
+            out.clone().into_tensor_arg(),
+            chunk as u32,
+            d,
+            d.next_multiple_of(crate::tile_mma::TILE),
+            planes,
+            path == crate::tile_mma::TilePath::MatrixUnits,
+            dtype,
+        );
+        return out;
+    }
     chunk_output_kernel::launch(
         &client,
         CubeCount::Static(n_chunks as u32, (b * h) as u32, 1),

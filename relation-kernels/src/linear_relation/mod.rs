@@ -6,6 +6,12 @@ pub(crate) mod cube;
 #[cfg(feature = "cube")]
 mod cube_chunk;
 #[cfg(feature = "cube")]
+mod cube_chunk_tiles;
+#[cfg(all(feature = "testing", feature = "cuda"))]
+pub(crate) use cube_chunk_tiles::{
+    output_definition as chunk_output_definition, tiles_for_limits as chunk_tiles_for_limits,
+};
+#[cfg(feature = "cube")]
 mod cube_chunk_backward;
 #[cfg(feature = "cube")]
 mod cube_recurrent;
