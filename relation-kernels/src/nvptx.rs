@@ -43,8 +43,9 @@ pub struct PtxKernel {
     pub shape: (usize, usize),
 }
 
-/// FlashRelation's tiled forward, `dp1` and `dp2`/`dĨ` kernels for inputs of `dtype` (f16 or
-/// bf16) and head dimension `head_dim`, compiled for `sm_<sm>` (e.g. 80, 90) on the matrix units'
+/// FlashRelation's tiled forward, `dp1` and `dp2`/`dĨ` kernels and the chunked Linear
+/// Relation's tiled outputs (head dims up to 64: wider ones take its scalar kernel) for inputs of
+/// `dtype` (f16 or bf16) and head dimension `head_dim`, compiled for `sm_<sm>` (e.g. 80, 90) on the matrix units'
 /// path. `device` is any CubeCL device of this build (the kernels are expanded there).
 ///
 /// # Errors
@@ -99,31 +100,34 @@ pub fn flash_tile_kernels(
     let props = std::sync::Arc::new(props);
     let (dq_def, dkdv_def) =
         cube_tiles_backward::backward_definitions(&p, &rows, &table, dq, dkdv, props.clone());
-    // The chunked Linear Relation's outputs, chunks of 64 (the GPU check's).
+    // The chunked Linear Relation's outputs, chunks of 64 (the GPU check's), for the head
+    // dimensions that take the tiled kernel (up to 64; wider ones take the scalar kernel).
     let chunk = 64;
-    let (lanes, planes) = crate::linear_relation::chunk_tiles_for_limits(
+    let linear = crate::linear_relation::chunk_tiles_for_limits(
         (WARP, MAX_UNITS, H100_SHARED),
         head_dim,
         chunk,
         elem,
     )
-    .ok_or("the chunked Linear Relation's tiles do not fit an H100")?;
-    let chunk_shape = cube_tiles::TileShape {
-        lanes,
-        planes,
-        block_k: chunk,
-        padded: head_dim.next_multiple_of(TILE),
-    };
-    let states = tensor(
-        Shape::new([1, h, t / chunk, head_dim, head_dim]),
-        DType::F32,
-    );
-    let chunk_def = crate::linear_relation::chunk_output_definition(
-        &p,
-        &states,
-        (lanes, planes, chunk),
-        props.clone(),
-    );
+    .map(|(lanes, planes)| {
+        let shape = cube_tiles::TileShape {
+            lanes,
+            planes,
+            block_k: chunk,
+            padded: head_dim.next_multiple_of(TILE),
+        };
+        let states = tensor(
+            Shape::new([1, h, t / chunk, head_dim, head_dim]),
+            DType::F32,
+        );
+        let definition = crate::linear_relation::chunk_output_definition(
+            &p,
+            &states,
+            (lanes, planes, chunk),
+            props.clone(),
+        );
+        ("linear_chunk_output_tiles", shape, definition)
+    });
     let definitions = [
         (
             "flash_fwd_tiles",
@@ -132,8 +136,9 @@ pub fn flash_tile_kernels(
         ),
         ("flash_dq_tiles", dq, dq_def),
         ("flash_dkdv_tiles", dkdv, dkdv_def),
-        ("linear_chunk_output_tiles", chunk_shape, chunk_def),
-    ];
+    ]
+    .into_iter()
+    .chain(linear);
     let options = CudaCompilationOptions {
         arch: Some(SmArch::new(sm, true)),
         ..Default::default()

@@ -39,13 +39,18 @@
 //! `b_R` and `q_t ⊙ e^{b_t}` (16 x Dp f32 each), `Q̃_R` and `K̃_J` (16 x Dp, input dtype), the
 //! scores (16 x 16 f32, and rounded), the output accumulator (16 x Dp f32). `Dp` is the head
 //! dimension rounded up to 16, the padding zero. [`tiles_fit`] sizes it; a device where one plane
-//! does not fit takes the scalar kernel.
+//! does not fit, and head dimensions above 64 ([`MAX_PADDED`]), take the scalar kernel.
 
 use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use crate::cube::head_of;
 use crate::tile_mma::{TILE, tile_product};
+
+/// Widest head dimension (rounded up to 16) of the tiled kernel. At 128, NVIDIA's assembler
+/// spilled registers for sm_90 (16 bytes; none for sm_80) in the offline check
+/// (`scripts/gpu/nvptx-check.sh`): wider heads take the scalar kernel until that is mended.
+const MAX_PADDED: usize = 64;
 
 /// Shared memory of one cube of `planes` planes for head dimension `padded` (a multiple of 16) in
 /// a dtype of `elem_bytes` bytes (the layout in the module's documentation).
@@ -89,6 +94,9 @@ pub(crate) fn tiles_for_limits(
     let max_units = max_units.max(1);
     let budget = max_shared.saturating_sub(1024);
     let padded = head_dim.next_multiple_of(TILE);
+    if padded > MAX_PADDED {
+        return None;
+    }
     let blocks = chunk / TILE;
     [4usize, 2, 1]
         .into_iter()
@@ -308,8 +316,8 @@ pub(super) fn chunk_output_tiles_kernel<F: Float>(
             }
             sync_cube();
             if jb <= rb {
-                // Y_R += A[R, J] · V_J, 16 output columns at a time.
-                #[unroll]
+                // Y_R += A[R, J] · V_J, 16 output columns at a time (a loop, not unrolled: at
+                // D 128 the unrolled fragments spilled registers on sm_90).
                 for dt in 0..padded / 16 {
                     tile_product::<F>(
                         &p_s,
