@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The offline tensor-core check, no GPU needed: compiles FlashRelation's half-precision tile
+# The offline tensor-core check, no GPU needed: compiles the half-precision tile
 # kernels to PTX for NVIDIA GPUs with the CUDA runtime's own compiler (CubeCL's LLVM backend,
 # LLVM's NVPTX target), asserts that every kernel holds matrix instructions (`mma`) and no local
 # memory, and assembles each with NVIDIA's `ptxas` (from PyPI's nvidia-cuda-nvcc-cu12 wheel,
