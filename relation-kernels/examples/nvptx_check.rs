@@ -1,8 +1,8 @@
 //! The offline tensor-core check: the half-precision tile kernels (FlashRelation's, the chunked
 //! Linear Relation's) compiled to PTX for NVIDIA GPUs with no GPU and no CUDA installation
-//! (`relation_kernels::nvptx`), then checked: every kernel holds matrix instructions (`mma`) and no local memory, and — given NVIDIA's
-//! assembler (`--ptxas`, from PyPI's `nvidia-cuda-nvcc-cu12`; `scripts/gpu/nvptx-check.sh` fetches
-//! it) — assembles without register spills. Prints one table row per kernel; exits non-zero when
+//! (`relation_kernels::nvptx`), then checked: every kernel holds matrix instructions (`mma`) and
+//! no local memory, and — given NVIDIA's assembler (`--ptxas`, from PyPI's `nvidia-cuda-nvcc-cu12`;
+//! `scripts/gpu/nvptx-check.sh` fetches it) — assembles without register spills. Prints one table row per kernel; exits non-zero when
 //! a check fails.
 //!
 //! ```text
