@@ -2,8 +2,8 @@
 //! Linear Relation's) compiled to PTX for NVIDIA GPUs with no GPU and no CUDA installation
 //! (`relation_kernels::nvptx`), then checked: every kernel holds matrix instructions (`mma`) and
 //! no local memory, and — given NVIDIA's assembler (`--ptxas`, from PyPI's `nvidia-cuda-nvcc-cu12`;
-//! `scripts/gpu/nvptx-check.sh` fetches it) — assembles without register spills. Prints one table row per kernel; exits non-zero when
-//! a check fails.
+//! `scripts/gpu/nvptx-check.sh` fetches it) — assembles without register spills. Prints one table
+//! row per kernel; exits non-zero when a check fails.
 //!
 //! ```text
 //! cargo run -p relation-kernels --features cuda,cpu,testing --example nvptx_check -- \
