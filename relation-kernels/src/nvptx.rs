@@ -31,8 +31,8 @@ const H100_SHARED: usize = 227 * 1024;
 /// One kernel compiled to PTX.
 #[derive(Debug, Clone)]
 pub struct PtxKernel {
-    /// Which kernel: `flash_fwd_tiles`, `flash_dq_tiles`, `flash_dkdv_tiles` or
-    /// `linear_chunk_output_tiles`.
+    /// Which kernel: `flash_fwd_tiles`, `flash_dq_tiles`, `flash_dkdv_tiles`,
+    /// `linear_chunk_output_tiles` or `linear_chunk_states_tiles`.
     pub name: &'static str,
     /// The PTX text.
     pub ptx: String,
@@ -126,8 +126,23 @@ pub fn flash_tile_kernels(
             (lanes, planes, chunk),
             props.clone(),
         );
-        ("linear_chunk_output_tiles", shape, definition)
-    });
+        let states_def = crate::linear_relation::chunk_states_definition(
+            &p,
+            &states,
+            (lanes, 4, chunk),
+            props.clone(),
+        );
+        [
+            ("linear_chunk_output_tiles", shape, definition),
+            (
+                "linear_chunk_states_tiles",
+                cube_tiles::TileShape { planes: 4, ..shape },
+                states_def,
+            ),
+        ]
+    })
+    .into_iter()
+    .flatten();
     let definitions = [
         (
             "flash_fwd_tiles",

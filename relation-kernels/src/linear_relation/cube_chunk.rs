@@ -528,52 +528,31 @@ pub(crate) fn forward(
     let (units, lanes) = column_units(&client, d, 1);
     let out = empty_like(&q, Shape::new([b, h, t + d, d]));
     let states = empty_like_dtype(&q, Shape::new([b, h, n_chunks, d, d]), DType::F32);
-    chunk_states_kernel::launch(
-        &client,
-        CubeCount::Static((b * h) as u32, 1, 1),
-        CubeDim::new_1d(units as u32),
-        k.clone().into_tensor_arg(),
-        v.clone().into_tensor_arg(),
-        g.clone().into_tensor_arg(),
-        h0.into_tensor_arg(),
-        states.clone().into_tensor_arg(),
-        out.clone().into_tensor_arg(),
-        chunk as u32,
-        d,
-        sub,
-        lanes,
-        true,
-        dtype,
-    );
-    // f16/bf16: the outputs on tile products where one plane's tiles fit the shared memory.
-    let tiles = match q.dtype {
-        DType::F16 | DType::BF16 => super::cube_chunk_tiles::tiles_fit(&client, d, chunk, 2),
-        _ => None,
-    };
-    if let Some((lanes, planes)) = tiles {
-        let path = crate::tile_mma::tile_path(&client, q.dtype);
-        tracing::trace!(
-            ?path,
-            planes,
-            "chunked Linear Relation outputs on tile products"
-        );
-        super::cube_chunk_tiles::chunk_output_tiles_kernel::launch(
+    // f16/bf16: both passes on tile products where they fit the device (`cube_chunk_tiles.rs`,
+    // `cube_chunk_states_tiles.rs`); the scalar kernels otherwise.
+    let half = matches!(q.dtype, DType::F16 | DType::BF16);
+    let tiled_states =
+        half && super::cube_chunk_states_tiles::launch([&k, &v, &g, &h0], &states, &out, chunk);
+    if !tiled_states {
+        chunk_states_kernel::launch(
             &client,
-            CubeCount::Static(n_chunks as u32, (b * h) as u32, 1),
-            CubeDim::new_2d(lanes as u32, planes as u32),
-            q.into_tensor_arg(),
-            k.into_tensor_arg(),
-            v.into_tensor_arg(),
-            g.into_tensor_arg(),
-            states.into_tensor_arg(),
+            CubeCount::Static((b * h) as u32, 1, 1),
+            CubeDim::new_1d(units as u32),
+            k.clone().into_tensor_arg(),
+            v.clone().into_tensor_arg(),
+            g.clone().into_tensor_arg(),
+            h0.into_tensor_arg(),
+            states.clone().into_tensor_arg(),
             out.clone().into_tensor_arg(),
             chunk as u32,
             d,
-            d.next_multiple_of(crate::tile_mma::TILE),
-            planes,
-            path == crate::tile_mma::TilePath::MatrixUnits,
+            sub,
+            lanes,
+            true,
             dtype,
         );
+    }
+    if half && super::cube_chunk_tiles::launch_outputs([&q, &k, &v, &g], &states, &out, chunk) {
         return out;
     }
     chunk_output_kernel::launch(

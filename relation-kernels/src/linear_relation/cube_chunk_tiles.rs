@@ -41,16 +41,18 @@
 //! dimension rounded up to 16, the padding zero. [`tiles_fit`] sizes it; a device where one plane
 //! does not fit, and head dimensions above 64 ([`MAX_PADDED`]), take the scalar kernel.
 
+use burn::backend::cubecl::dtype_to_storage_type;
+use burn_cubecl::tensor::CubeTensor;
 use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use crate::cube::head_of;
-use crate::tile_mma::{TILE, tile_product};
+use crate::tile_mma::{TILE, TilePath, tile_path, tile_product};
 
 /// Widest head dimension (rounded up to 16) of the tiled kernel. At 128, NVIDIA's assembler
 /// spilled registers for sm_90 (16 bytes; none for sm_80) in the offline check
 /// (`scripts/gpu/nvptx-check.sh`): wider heads take the scalar kernel until that is mended.
-const MAX_PADDED: usize = 64;
+pub(super) const MAX_PADDED: usize = 64;
 
 /// Shared memory of one cube of `planes` planes for head dimension `padded` (a multiple of 16) in
 /// a dtype of `elem_bytes` bytes (the layout in the module's documentation).
@@ -388,4 +390,45 @@ pub(crate) fn output_definition(
         dtype_to_storage_type(x.dtype),
     )
     .define()
+}
+
+/// Launches the tiled output kernel for contiguous `q`, `k`, `v`, `g` `[B, T, H, D]` (f16 or
+/// bf16) and the chunk-start `states` into `out` (`[B, H, T + D, D]`), where it fits the device
+/// ([`tiles_fit`]); `false` when the caller must launch the scalar kernel.
+pub(super) fn launch_outputs(
+    [q, k, v, g]: [&CubeTensor; 4],
+    states: &CubeTensor,
+    out: &CubeTensor,
+    chunk: usize,
+) -> bool {
+    let dims = q.meta.shape();
+    let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
+    let client = q.client.clone();
+    let Some((lanes, planes)) = tiles_fit(&client, d, chunk, 2) else {
+        return false;
+    };
+    let path = tile_path(&client, q.dtype);
+    tracing::trace!(
+        ?path,
+        planes,
+        "chunked Linear Relation outputs on tile products"
+    );
+    chunk_output_tiles_kernel::launch(
+        &client,
+        CubeCount::Static(t.div_ceil(chunk) as u32, (b * h) as u32, 1),
+        CubeDim::new_2d(lanes as u32, planes as u32),
+        q.clone().into_tensor_arg(),
+        k.clone().into_tensor_arg(),
+        v.clone().into_tensor_arg(),
+        g.clone().into_tensor_arg(),
+        states.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        chunk as u32,
+        d,
+        d.next_multiple_of(TILE),
+        planes,
+        path == TilePath::MatrixUnits,
+        dtype_to_storage_type(q.dtype),
+    );
+    true
 }

@@ -6,7 +6,11 @@ pub(crate) mod cube;
 #[cfg(feature = "cube")]
 mod cube_chunk;
 #[cfg(feature = "cube")]
+mod cube_chunk_states_tiles;
+#[cfg(feature = "cube")]
 mod cube_chunk_tiles;
+#[cfg(all(feature = "testing", feature = "cuda"))]
+pub(crate) use cube_chunk_states_tiles::states_definition as chunk_states_definition;
 #[cfg(all(feature = "testing", feature = "cuda"))]
 pub(crate) use cube_chunk_tiles::{
     output_definition as chunk_output_definition, tiles_for_limits as chunk_tiles_for_limits,
