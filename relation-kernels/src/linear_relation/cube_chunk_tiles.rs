@@ -260,7 +260,13 @@ pub(super) fn chunk_output_tiles_kernel<F: Float>(
                     let j = j0 + r;
                     let mut x = 0.0f32;
                     if j < end && c < head_dim {
-                        let decay = (br_s[own + c] - bj_s[idx]).exp();
+                        // <= 0 for every row the plane writes; the clamp keeps a plane whose
+                        // rows all lie past the end (its b_r0 is 0) from forming e^{+large}.
+                        let mut exponent = br_s[own + c] - bj_s[idx];
+                        if exponent > 0.0f32 {
+                            exponent = 0.0f32;
+                        }
+                        let decay = exponent.exp();
                         x = f32::cast_from(k[at.base + j * at.row_stride + c]) * decay;
                     }
                     kt_s[own + idx] = F::cast_from(x);
