@@ -23,6 +23,7 @@ use std::time::Instant;
 use burn::tensor::DType;
 use clap::Parser;
 use relation_core::rng::SplitMix64;
+use relation_examples::parse_dtype;
 use relation_kernels::device::parse_device;
 use relation_model::{DecodeBatch, Next, RelationLm, RelationLmConfig, Request, Sampling};
 
@@ -47,18 +48,8 @@ struct Args {
     #[arg(long, default_value_t = 3)]
     repeats: usize,
     /// Dtype of the per-token caches: f32, f16 or bf16.
-    #[arg(long, default_value = "f32", value_parser = cache_dtype)]
+    #[arg(long, default_value = "f32", value_parser = parse_dtype)]
     cache_dtype: DType,
-}
-
-/// `f32`, `f16` or `bf16`.
-fn cache_dtype(name: &str) -> Result<DType, String> {
-    match name {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        other => Err(format!("cache dtype `{other}`: expected f32, f16 or bf16")),
-    }
 }
 
 /// Prefill tokens per second and decoding seconds of one round of `streams` prompts.

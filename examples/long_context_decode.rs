@@ -23,9 +23,10 @@
 
 use std::time::Instant;
 
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor, TensorData};
 use clap::Parser;
 use relation_core::rng::SplitMix64;
+use relation_examples::parse_dtype;
 use relation_kernels::device::parse_device;
 use relation_model::{RelationLm, RelationLmConfig};
 
@@ -50,16 +51,6 @@ struct Args {
     /// pattern and context is measured with each, one after the other.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
     cache_dtypes: Vec<String>,
-}
-
-/// `f32`, `f16` or `bf16`.
-fn cache_dtype(name: &str) -> Result<DType, String> {
-    match name {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        other => Err(format!("cache dtype {other}: f32, f16 or bf16")),
-    }
 }
 
 /// The process's resident memory now, MiB (Linux; `None` elsewhere).
@@ -129,7 +120,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let storages = args
         .cache_dtypes
         .iter()
-        .map(|d| cache_dtype(d))
+        .map(|d| parse_dtype(d))
         .collect::<Result<Vec<_>, _>>()?;
     for pattern in &args.patterns {
         let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());

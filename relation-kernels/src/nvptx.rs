@@ -100,49 +100,49 @@ pub fn flash_tile_kernels(
     let props = std::sync::Arc::new(props);
     let (dq_def, dkdv_def) =
         cube_tiles_backward::backward_definitions(&p, &rows, &table, dq, dkdv, props.clone());
-    // The chunked Linear Relation's outputs, chunks of 64 (the GPU check's), for the head
-    // dimensions that take the tiled kernel (up to 64; wider ones take the scalar kernel).
+    // The chunked Linear Relation's two tiled passes, chunks of 64 (the GPU check's), for the
+    // head dimensions that take them (up to 64; wider ones take the scalar kernels).
     let chunk = 64;
-    let linear = crate::linear_relation::chunk_tiles_for_limits(
-        (WARP, MAX_UNITS, H100_SHARED),
-        head_dim,
-        chunk,
-        elem,
-    )
-    .map(|(lanes, planes)| {
-        let shape = cube_tiles::TileShape {
-            lanes,
-            planes,
-            block_k: chunk,
-            padded: head_dim.next_multiple_of(TILE),
-        };
-        let states = tensor(
-            Shape::new([1, h, t / chunk, head_dim, head_dim]),
-            DType::F32,
-        );
-        let definition = crate::linear_relation::chunk_output_definition(
-            &p,
-            &states,
-            (lanes, planes, chunk),
-            props.clone(),
-        );
-        let states_def = crate::linear_relation::chunk_states_definition(
-            &p,
-            &states,
-            (lanes, 4, chunk),
-            props.clone(),
-        );
-        [
-            ("linear_chunk_output_tiles", shape, definition),
+    let limits = (WARP, MAX_UNITS, H100_SHARED);
+    let states = tensor(
+        Shape::new([1, h, t / chunk, head_dim, head_dim]),
+        DType::F32,
+    );
+    let linear_shape = |(lanes, planes)| cube_tiles::TileShape {
+        lanes,
+        planes,
+        block_k: chunk,
+        padded: head_dim.next_multiple_of(TILE),
+    };
+    let outputs = crate::linear_relation::chunk_tiles_for_limits(limits, head_dim, chunk, elem)
+        .map(|(lanes, planes)| {
+            let definition = crate::linear_relation::chunk_output_definition(
+                &p,
+                &states,
+                (lanes, planes, chunk),
+                props.clone(),
+            );
+            (
+                "linear_chunk_output_tiles",
+                linear_shape((lanes, planes)),
+                definition,
+            )
+        });
+    let state_pass = crate::linear_relation::chunk_states_for_limits(limits, head_dim, chunk, elem)
+        .map(|(lanes, planes)| {
+            let definition = crate::linear_relation::chunk_states_definition(
+                &p,
+                &states,
+                (lanes, planes, chunk),
+                props.clone(),
+            );
             (
                 "linear_chunk_states_tiles",
-                cube_tiles::TileShape { planes: 4, ..shape },
-                states_def,
-            ),
-        ]
-    })
-    .into_iter()
-    .flatten();
+                linear_shape((lanes, planes)),
+                definition,
+            )
+        });
+    let linear = outputs.into_iter().chain(state_pass);
     let definitions = [
         (
             "flash_fwd_tiles",

@@ -6,31 +6,26 @@
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::client::Client;
 use cubecl::prelude::*;
 
-use super::cube_chunk_tiles::MAX_PADDED;
+use super::cube_chunk_tiles::{cube_shape, limits};
 use crate::cube::head_of;
 use crate::tile_mma::{TILE, TilePath, tile_path, tile_product};
 
-/// `(lanes, planes)` of the tiled state pass for `head_dim` and `chunk` on `client`'s device, or
-/// `None` where its shared memory does not fit or the head is wider than 64 (the scalar pass).
-pub(super) fn states_fit(
-    client: &Client,
+/// `(lanes, planes)` of the tiled state pass for `head_dim` and chunks of `chunk` on a device of
+/// `limits` (`cube_chunk_tiles::limits`), or `None` (the scalar pass then).
+pub(crate) fn states_for_limits(
+    limits: (usize, usize, usize),
     head_dim: usize,
     chunk: usize,
     elem_bytes: usize,
 ) -> Option<(usize, usize)> {
-    let hardware = &client.properties().hardware;
-    let lanes = (hardware.plane_size_max as usize).clamp(1, 32);
-    let max_units = (hardware.max_units_per_cube as usize).max(1);
-    let padded = head_dim.next_multiple_of(TILE);
-    let fits = states_bytes(padded, chunk, elem_bytes)
-        <= hardware.max_shared_memory_size.saturating_sub(1024);
-    let planes = [4usize, 2, 1]
-        .into_iter()
-        .find(|&p| p == 1 || lanes * p <= max_units)?;
-    (padded <= MAX_PADDED && fits).then_some((lanes.min(max_units), planes))
+    cube_shape(
+        limits,
+        head_dim,
+        |_| true,
+        |_, padded| states_bytes(padded, chunk, elem_bytes),
+    )
 }
 
 /// Shared memory of the tiled state pass for head dimension `padded` and chunks of `chunk` in a
@@ -191,7 +186,7 @@ pub(super) fn chunk_states_tiles_kernel<F: Float>(
 
 /// Launches the tiled state pass for contiguous `k`, `v`, `g` `[B, T, H, D]` (f16 or bf16) and
 /// `h0` `[B, H, D, D]`, writing the chunk-start `states` and the final state into `out`, where it
-/// fits the device ([`states_fit`]); `false` when the caller must launch the scalar pass.
+/// fits the device ([`states_for_limits`]); `false` when the caller must launch the scalar pass.
 pub(super) fn launch(
     [k, v, g, h0]: [&CubeTensor; 4],
     states: &CubeTensor,
@@ -201,7 +196,7 @@ pub(super) fn launch(
     let dims = k.meta.shape();
     let (b, h, d) = (dims[0], dims[2], dims[3]);
     let client = k.client.clone();
-    let Some((lanes, planes)) = states_fit(&client, d, chunk, 2) else {
+    let Some((lanes, planes)) = states_for_limits(limits(&client), d, chunk, 2) else {
         return false;
     };
     let path = tile_path(&client, k.dtype);

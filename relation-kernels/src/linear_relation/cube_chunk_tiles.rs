@@ -38,7 +38,7 @@
 //! Per cube: the value tile `V_J` (16 x Dp, input dtype) and `b_J` (16 x Dp, f32). Per plane:
 //! `b_R` and `q_t ⊙ e^{b_t}` (16 x Dp f32 each), `Q̃_R` and `K̃_J` (16 x Dp, input dtype), the
 //! scores (16 x 16 f32, and rounded), the output accumulator (16 x Dp f32). `Dp` is the head
-//! dimension rounded up to 16, the padding zero. [`tiles_fit`] sizes it; a device where one plane
+//! dimension rounded up to 16, the padding zero. [`tiles_for_limits`] sizes it; a device where one plane
 //! does not fit, and head dimensions above 64 ([`MAX_PADDED`]), take the scalar kernel.
 
 use burn::backend::cubecl::dtype_to_storage_type;
@@ -63,34 +63,25 @@ pub(super) fn tile_bytes(planes: usize, padded: usize, elem_bytes: usize) -> usi
     shared + planes * per_plane
 }
 
-/// `(lanes, planes)` of the tiled output kernel for `head_dim` and `chunk` on `client`'s
-/// device, or `None` where not even one plane fits its shared memory (the scalar kernel then).
-pub(super) fn tiles_fit(
-    client: &Client,
-    head_dim: usize,
-    chunk: usize,
-    elem_bytes: usize,
-) -> Option<(usize, usize)> {
+/// `(plane size, units per cube, shared bytes per cube)` of `client`'s device.
+pub(super) fn limits(client: &Client) -> (usize, usize, usize) {
     let hardware = &client.properties().hardware;
-    tiles_for_limits(
-        (
-            hardware.plane_size_max as usize,
-            hardware.max_units_per_cube as usize,
-            hardware.max_shared_memory_size,
-        ),
-        head_dim,
-        chunk,
-        elem_bytes,
+    (
+        hardware.plane_size_max as usize,
+        hardware.max_units_per_cube as usize,
+        hardware.max_shared_memory_size,
     )
 }
 
-/// [`tiles_fit`] for a device with planes of `plane_size` units, at most `max_units` units per
-/// cube and `max_shared` bytes of shared memory per cube.
-pub(crate) fn tiles_for_limits(
+/// `(lanes, planes)` of a tiled pass on a device of `limits` ([`limits`]): the most planes (4, 2
+/// or 1) that `allowed` admits, that the cube's units allow and whose shared memory (`bytes` of
+/// the planes and the padded head dimension) fits; `None` where none does or the head is wider
+/// than [`MAX_PADDED`] (the scalar kernels then).
+pub(super) fn cube_shape(
     (plane_size, max_units, max_shared): (usize, usize, usize),
     head_dim: usize,
-    chunk: usize,
-    elem_bytes: usize,
+    allowed: impl Fn(usize) -> bool,
+    bytes: impl Fn(usize, usize) -> usize,
 ) -> Option<(usize, usize)> {
     let lanes = plane_size.clamp(1, 32);
     let max_units = max_units.max(1);
@@ -99,13 +90,29 @@ pub(crate) fn tiles_for_limits(
     if padded > MAX_PADDED {
         return None;
     }
-    let blocks = chunk / TILE;
     [4usize, 2, 1]
         .into_iter()
-        .filter(|&p| p <= blocks.max(1) && blocks.is_multiple_of(p))
+        .filter(|&p| allowed(p))
         .filter(|&p| p == 1 || lanes * p <= max_units)
-        .find(|&p| tile_bytes(p, padded, elem_bytes) <= budget)
+        .find(|&p| bytes(p, padded) <= budget)
         .map(|p| (lanes.min(max_units), p))
+}
+
+/// `(lanes, planes)` of the tiled output kernel for `head_dim` and chunks of `chunk` on a device
+/// of `limits` ([`limits`]): a plane owns whole row blocks, so the planes divide `chunk / 16`.
+pub(crate) fn tiles_for_limits(
+    limits: (usize, usize, usize),
+    head_dim: usize,
+    chunk: usize,
+    elem_bytes: usize,
+) -> Option<(usize, usize)> {
+    let blocks = chunk / TILE;
+    cube_shape(
+        limits,
+        head_dim,
+        |p| p <= blocks.max(1) && blocks.is_multiple_of(p),
+        |p, padded| tile_bytes(p, padded, elem_bytes),
+    )
 }
 
 /// One chunk's outputs (inter-chunk plus strictly-lower intra-chunk terms) on tile products.
@@ -400,7 +407,7 @@ pub(crate) fn output_definition(
 
 /// Launches the tiled output kernel for contiguous `q`, `k`, `v`, `g` `[B, T, H, D]` (f16 or
 /// bf16) and the chunk-start `states` into `out` (`[B, H, T + D, D]`), where it fits the device
-/// ([`tiles_fit`]); `false` when the caller must launch the scalar kernel.
+/// ([`tiles_for_limits`]); `false` when the caller must launch the scalar kernel.
 pub(super) fn launch_outputs(
     [q, k, v, g]: [&CubeTensor; 4],
     states: &CubeTensor,
@@ -410,7 +417,7 @@ pub(super) fn launch_outputs(
     let dims = q.meta.shape();
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
     let client = q.client.clone();
-    let Some((lanes, planes)) = tiles_fit(&client, d, chunk, 2) else {
+    let Some((lanes, planes)) = tiles_for_limits(limits(&client), d, chunk, 2) else {
         return false;
     };
     let path = tile_path(&client, q.dtype);

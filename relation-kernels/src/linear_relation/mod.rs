@@ -10,7 +10,9 @@ mod cube_chunk_states_tiles;
 #[cfg(feature = "cube")]
 mod cube_chunk_tiles;
 #[cfg(all(feature = "testing", feature = "cuda"))]
-pub(crate) use cube_chunk_states_tiles::states_definition as chunk_states_definition;
+pub(crate) use cube_chunk_states_tiles::{
+    states_definition as chunk_states_definition, states_for_limits as chunk_states_for_limits,
+};
 #[cfg(all(feature = "testing", feature = "cuda"))]
 pub(crate) use cube_chunk_tiles::{
     output_definition as chunk_output_definition, tiles_for_limits as chunk_tiles_for_limits,
