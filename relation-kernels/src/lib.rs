@@ -25,7 +25,8 @@
 // to the folders. What the kernels share sits below them: `flex/` (the CPU machinery: buffers,
 // SIMD dispatch, element-wise maths, the GEMMs), `cube.rs` (the CubeCL machinery), `sequence.rs`
 // (batched or packed sequences), `linear_mode.rs` (how Linear Relation runs), `poison.rs` (the
-// tests' NaN switch). This file only declares and re-exports.
+// tests' NaN switch), `math.rs` (the branch-free `exp`, shared with the host-side sampler).
+// This file only declares and re-exports.
 mod backends;
 #[cfg(feature = "cube")]
 mod cube;
@@ -38,6 +39,9 @@ mod flex;
 mod linear_mode;
 mod linear_relation;
 mod lm;
+// Without the Flex kernels only the sampler's parts are used.
+#[cfg_attr(not(feature = "flex"), allow(dead_code))]
+mod math;
 #[cfg(all(feature = "testing", feature = "cuda"))]
 pub mod nvptx;
 mod optim;
@@ -79,6 +83,7 @@ pub use linear_relation::{
 #[cfg(feature = "flex")]
 pub use lm::{LmOps, Transposed};
 pub use lm::{cross_entropy, dense, rms_norm, rope, swiglu};
+pub use math::softmax_weights;
 pub use ops::{FlashParams, LinearParams, RelationOps};
 #[cfg(feature = "flex")]
 pub use optim::OptimOps;

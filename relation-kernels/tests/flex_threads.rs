@@ -70,6 +70,12 @@ fn lm_run() -> Vec<TensorData> {
         Strategy::Fused,
     )
     .unwrap();
+    // A decoding step's projection: 16 rows by a `[K, N]` weight, its columns split among
+    // threads (the few-rows product).
+    let xs = uniform([16, 256], 9, 1.0, &device, DType::F32);
+    let ws = uniform([256, 1000], 10, 1.0, &device, DType::F32);
+    let few = relation_kernels::dense(xs, ws, relation_core::WeightLayout::InOut, Strategy::Fused)
+        .unwrap();
     let ids: Vec<i64> = (0..300).map(|i| (i * 37 % 777) as i64).collect();
     let targets = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(ids, [300]), &device);
     let nll = relation_kernels::cross_entropy(logits.clone(), targets, Strategy::Fused).unwrap();
@@ -87,6 +93,7 @@ fn lm_run() -> Vec<TensorData> {
         + (normed.clone() * normed.clone()).sum())
     .backward();
     vec![
+        few.into_data(),
         y.into_data(),
         nll.into_data(),
         gate.grad(&grads).unwrap().into_data(),

@@ -10,7 +10,8 @@ use relation_core::{
     naive_dense, naive_rms_norm, naive_rope, naive_swiglu,
 };
 use relation_kernels::{
-    KernelError, Strategy, adamw, cross_entropy, debug, dense, rms_norm, rope, swiglu,
+    KernelError, Strategy, adamw, cross_entropy, debug, dense, rms_norm, rope, softmax_weights,
+    swiglu,
 };
 
 use crate::common::{assert_path, flex, to_flex};
@@ -148,6 +149,11 @@ fn dense_fused_matches_the_reference() {
         check_dense(1, 1, 1, layout, DType::F32);
         check_dense(1, 48, 80, layout, DType::F32); // one token (decoding)
         check_dense(63, 60, 48, layout, DType::F32);
+        // Up to 16 rows by a `[K, N]` weight: the few-rows product (decoding steps), its
+        // columns split among threads at the larger shape.
+        check_dense(16, 256, 1000, layout, DType::F32);
+        check_dense(7, 60, 100, layout, DType::F32);
+        check_dense(3, 48, 60, layout, DType::BF16);
         check_dense(1000, 80, 257, layout, DType::F32); // the AVX-512 GEMM on Intel (N >= 512)
         check_dense(257, 256, 1000, layout, DType::F32); // the output head's shape, smaller
         check_dense(63, 64, 48, layout, DType::F16);
@@ -788,4 +794,36 @@ fn adamw_refuses_bad_scalars_and_shapes() {
             ..
         }))
     ));
+}
+
+/// The sampler's weights against f64 `exp`: within 4e-7 relative, the sum within 1e-6; a -inf
+/// logit and one far below the top weigh exactly 0, a NaN logit poisons the sum.
+#[test]
+fn softmax_weights_match_f64_exp() {
+    let logits: Vec<f32> = (0..1000)
+        .map(|i| (i as f32 * 0.37).sin() * 12.0 - 3.0)
+        .collect();
+    let top = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut w = Vec::new();
+    for scale in [1.0f32, 0.5, 3.0] {
+        let total = softmax_weights(&logits, top, scale, &mut w);
+        let mut exact_total = 0.0;
+        for (&x, &got) in logits.iter().zip(&w) {
+            let exact = (((x - top) * scale) as f64).exp();
+            exact_total += exact;
+            assert!(
+                (got as f64 - exact).abs() <= 4e-7 * exact + 1e-38,
+                "{x}: {got} vs {exact}"
+            );
+        }
+        assert!((total - exact_total).abs() <= 1e-6 * exact_total);
+    }
+    let total = softmax_weights(
+        &[0.0, f32::NEG_INFINITY, -100.0, f32::NAN],
+        0.0,
+        1.0,
+        &mut w,
+    );
+    assert_eq!(&w[..3], &[1.0, 0.0, 0.0]);
+    assert!(w[3].is_nan() && total.is_nan());
 }

@@ -61,9 +61,12 @@ impl Sampling {
 
     /// Draws one token from a row of logits.
     ///
-    /// With a top-k or top-p cut the kept tokens are ordered most likely first and the draw
-    /// walks them in that order; without one it walks every token in id order (no sort: a draw
-    /// costs one pass over the vocabulary).
+    /// The weights are `e^{(logit - max) / temperature}` in f32
+    /// ([`relation_kernels::softmax_weights`]: one vectorised pass, the same bits on every CPU),
+    /// summed in f64. With a top-k or top-p cut the kept tokens are ordered most likely first and
+    /// the draw walks them in that order; without one it walks every token in id order (no sort:
+    /// a draw costs two passes over the vocabulary). A token whose logit is -inf is never drawn;
+    /// a row whose weights do not sum to a positive finite number (NaN logits) gives its argmax.
     pub fn draw(&self, logits: &[f32], rng: &mut SplitMix64) -> u32 {
         let argmax = || {
             logits
@@ -71,56 +74,66 @@ impl Sampling {
                 .enumerate()
                 .fold(0, |best, (i, &x)| if x > logits[best] { i } else { best }) as u32
         };
-        if self.temperature == 0.0 {
+        let scale = (1.0 / self.temperature) as f32;
+        if self.temperature == 0.0 || !scale.is_finite() || logits.is_empty() {
             return argmax();
         }
+        let top = logits
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+        let mut weights = Vec::new();
+        let total = relation_kernels::softmax_weights(logits, top, scale, &mut weights);
+        if !(total.is_finite() && total > 0.0) {
+            return argmax();
+        }
+        let u = (rng.next_signed() + 1.0) / 2.0;
+        if self.top_k.is_none_or(|k| k >= logits.len()) && self.top_p.is_none() {
+            return walk((0..logits.len()).map(|i| (i, weights[i] as f64)), u * total)
+                .unwrap_or_else(argmax);
+        }
         let descending = |a: &usize, b: &usize| logits[*b].total_cmp(&logits[*a]).then(a.cmp(b));
-        let order: Vec<usize> = match (self.top_k, self.top_p) {
-            (None, None) => (0..logits.len()).collect(),
-            (Some(k), None) if k < logits.len() => {
-                let mut order: Vec<usize> = (0..logits.len()).collect();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        match self.top_k {
+            Some(k) if k < logits.len() && self.top_p.is_none() => {
+                let k = k.max(1); // `validate` refuses 0; a direct call keeps the top token
                 order.select_nth_unstable_by(k - 1, descending);
                 order.truncate(k);
                 order.sort_unstable_by(descending);
-                order
             }
-            (k, _) => {
-                let mut order: Vec<usize> = (0..logits.len()).collect();
+            k => {
                 order.sort_unstable_by(descending);
                 order.truncate(k.unwrap_or(order.len()).min(order.len()));
-                order
             }
-        };
-        let top = order
-            .iter()
-            .map(|&i| logits[i])
-            .fold(f32::NEG_INFINITY, f32::max) as f64;
-        let mut probs: Vec<f64> = order
-            .iter()
-            .map(|&i| ((logits[i] as f64 - top) / self.temperature).exp())
-            .collect();
-        let mut order = order;
+        }
         if let Some(p) = self.top_p {
-            let total: f64 = probs.iter().sum();
+            let kept: f64 = order.iter().map(|&i| weights[i] as f64).sum();
             let mut mass = 0.0;
-            let keep = probs.iter().position(|&q| {
-                mass += q / total;
+            let keep = order.iter().position(|&i| {
+                mass += weights[i] as f64 / kept;
                 mass >= p
             });
-            let keep = keep.map_or(probs.len(), |k| k + 1);
-            probs.truncate(keep);
-            order.truncate(keep);
+            order.truncate(keep.map_or(order.len(), |k| k + 1));
         }
-        let total: f64 = probs.iter().sum();
-        let mut u = (rng.next_signed() + 1.0) / 2.0 * total;
-        for (&token, &q) in order.iter().zip(&probs) {
-            if u < q {
-                return token as u32;
-            }
-            u -= q;
-        }
-        order[probs.len() - 1] as u32
+        let kept: f64 = order.iter().map(|&i| weights[i] as f64).sum();
+        walk(order.iter().map(|&i| (i, weights[i] as f64)), u * kept).unwrap_or_else(argmax)
     }
+}
+
+/// The first token at which the running sum of `weighted` passes `u` (`u` in `[0, total)`), or
+/// the last token of positive weight when rounding leaves `u` at the end; `None` when no token
+/// has weight.
+fn walk(weighted: impl Iterator<Item = (usize, f64)>, mut u: f64) -> Option<u32> {
+    let mut last = None;
+    for (token, q) in weighted {
+        if q > 0.0 {
+            if u < q {
+                return Some(token as u32);
+            }
+            last = Some(token as u32);
+        }
+        u -= q;
+    }
+    last
 }
 
 /// Prompt tokens per forward pass when [`RelationLm::generate`] prefills a prompt of a model

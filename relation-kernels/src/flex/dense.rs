@@ -57,9 +57,10 @@ pub(crate) fn product(
         faer::linalg::matmul::matmul(dst, faer::Accum::Replace, a, b, 1.0f32, par);
         y.set_len(len);
     }
-    if par == faer::Par::Seq {
-        clear_upper_registers();
-    }
+    // Always, not only after `Par::Seq`: with one thread in the pool (or a product called from
+    // a pool thread) faer runs its kernels on this thread whatever `par` says. With the pool at
+    // one thread, 16-sequence decoding ran at 674 tokens/s instead of several times that.
+    clear_upper_registers();
     y
 }
 

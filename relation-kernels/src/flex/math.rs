@@ -1,50 +1,12 @@
 //! Element-wise maths of the Flex kernels, written to vectorise inside a [`Vectorized`] body:
-//! `exp`, `sigmoid`, `SiLU` and a NaN-ignoring maximum, with every multiply-add through
-//! [`MulAdd`] so that its rounding is the dispatch's.
+//! `sigmoid`, `SiLU` and a NaN-ignoring maximum (`exp` lives in [`crate::math`], which the
+//! host-side sampler shares), with every multiply-add through [`MulAdd`] so that its rounding
+//! is the dispatch's.
 //!
 //! [`Vectorized`]: super::simd::Vectorized
 
-use super::simd::MulAdd;
-
-/// `e^x` in f32, branch-free so loops over slices vectorise (libm's `expf` is a call per
-/// element). `x = n ln 2 + r` with `|r| <= ln 2 / 2`, `e^r` by its degree-6 Taylor polynomial
-/// (relative error below 2e-7, about one ulp), `2^n` built in the exponent bits. Inputs are
-/// clamped to `[-87, 88]`, where `e^x` is a normal f32: below, the result is `e^-87 ≈ 1.6e-38`
-/// instead of a denormal or 0, which no caller can tell from 0; NaN stays NaN.
-///
-/// Every multiply-add goes through `M` ([`MulAdd`]): fused, the polynomial and the range
-/// reduction are 9 instructions instead of 18, the most of an element-wise loop's work. AVX2 and
-/// AVX-512 both fuse, so their bits are the same.
-#[inline(always)]
-pub(crate) fn exp<M: MulAdd>(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // ln 2 split in a high part exact in f32 and the rest, so r = x - n ln 2 loses nothing.
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    // Adding and subtracting 1.5 * 2^23 rounds to the nearest integer with plain adds.
-    const ROUND: f32 = 12_582_912.0;
-    let x = x.clamp(-87.0, 88.0);
-    let shifted = M::mul_add(x, LOG2E, ROUND); // 1.5 * 2^23 + n: n sits in the low mantissa bits
-    let n = shifted - ROUND;
-    let r = M::mul_add(n, -LN2_HI, x);
-    let r = M::mul_add(n, -LN2_LO, r);
-    // e^r = 1 + r (1 + r (1/2 + r (1/6 + r (1/24 + r (1/120 + r / 720))))), inside out.
-    let p = M::mul_add(r, 1.0 / 720.0, 1.0 / 120.0);
-    let p = M::mul_add(p, r, 1.0 / 24.0);
-    let p = M::mul_add(p, r, 1.0 / 6.0);
-    let p = M::mul_add(p, r, 0.5);
-    let p = M::mul_add(p, r, 1.0);
-    let p = M::mul_add(p, r, 1.0);
-    // 2^n from the integer bits of `shifted` (n = bits(shifted) - bits(ROUND), exact for
-    // |n| < 2^22), with wrapping integer adds: `n as i32` is a saturating conversion that LLVM
-    // does lane by lane (a scalar `vcvttss2si` and `cmov` per element).
-    let biased = shifted
-        .to_bits()
-        .wrapping_sub(ROUND.to_bits())
-        .wrapping_add(127);
-    let scale = f32::from_bits(biased << 23); // 2^n
-    p * scale
-}
+use crate::math::MulAdd;
+pub(crate) use crate::math::exp;
 
 /// `sigmoid(x) = 1 / (1 + e^-x)`.
 #[inline(always)]

@@ -20,36 +20,7 @@ pub(crate) trait Vectorized {
     fn run<M: MulAdd>(self) -> Self::Output;
 }
 
-/// How a kernel body computes `a b + c` ([`exp`] and the dot products of the element-wise
-/// loops): [`Fused`] where the instruction set [`vectorized`] compiles for has a fused
-/// multiply-add, [`Unfused`] where it has none. rustc never fuses `a * b + c` by itself, and
-/// `f32::mul_add` on a target without the instruction is a libm call per element (several
-/// times slower), so the choice
-/// is made once per dispatch and compiled into the body.
-pub(crate) trait MulAdd {
-    /// `a b + c`.
-    fn mul_add(a: f32, b: f32, c: f32) -> f32;
-}
-
-/// One rounding: the `vfmadd` / `fmla` instruction.
-pub(crate) struct Fused;
-
-impl MulAdd for Fused {
-    #[inline(always)]
-    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
-        a.mul_add(b, c)
-    }
-}
-
-/// Two roundings: a multiply, then an add.
-pub(crate) struct Unfused;
-
-impl MulAdd for Unfused {
-    #[inline(always)]
-    fn mul_add(a: f32, b: f32, c: f32) -> f32 {
-        a * b + c
-    }
-}
+pub(crate) use crate::math::{Fused, MulAdd, Unfused};
 
 /// `pulp`'s entry: runs the body inside the trampoline compiled for the chosen extension.
 struct Dispatch<K, M>(K, std::marker::PhantomData<M>);

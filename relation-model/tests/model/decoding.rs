@@ -324,3 +324,77 @@ fn generation_stops_at_stop_tokens_and_streams() {
     assert_eq!(streamed, full[1][..4]);
     assert_eq!(seen, full[1][..4]);
 }
+
+/// How often each token is drawn in `n` draws.
+fn frequencies(sampling: &Sampling, logits: &[f32], n: usize) -> Vec<f64> {
+    let mut rng = relation_core::rng::SplitMix64::new(sampling.seed);
+    let mut counts = vec![0usize; logits.len()];
+    for _ in 0..n {
+        counts[sampling.draw(logits, &mut rng) as usize] += 1;
+    }
+    counts.iter().map(|&c| c as f64 / n as f64).collect()
+}
+
+/// The softmax of `logits / temperature` over the tokens `keep`, in f64 (0 elsewhere).
+fn softmax_over(logits: &[f32], temperature: f64, keep: &[usize]) -> Vec<f64> {
+    let mut p = vec![0.0; logits.len()];
+    for &i in keep {
+        p[i] = (logits[i] as f64 / temperature).exp();
+    }
+    let total: f64 = p.iter().sum();
+    p.iter().map(|q| q / total).collect()
+}
+
+/// Draws follow the softmax at the temperature (40,000 draws: each frequency within 0.012 of
+/// its probability, about five standard deviations), top-k and top-p keep only the most likely
+/// tokens, a -inf logit is never drawn, temperature 0 and NaN rows give the argmax.
+#[test]
+fn draws_follow_the_softmax_and_its_cuts() {
+    let logits = [1.0f32, 2.5, -0.5, 2.0, f32::NEG_INFINITY, 0.3, 1.7, -3.0];
+    let n = 40_000;
+    let sampling = |temperature, top_k, top_p| Sampling {
+        temperature,
+        top_k,
+        top_p,
+        seed: 11,
+        ..Sampling::default()
+    };
+    let all: Vec<usize> = (0..logits.len()).collect();
+    // Most likely first: 1 (2.5), 3 (2.0), 6 (1.7), 0 (1.0), ...
+    let cases = [
+        (sampling(1.0, None, None), softmax_over(&logits, 1.0, &all)),
+        (sampling(0.6, None, None), softmax_over(&logits, 0.6, &all)),
+        (
+            sampling(2.0, Some(3), None),
+            softmax_over(&logits, 2.0, &[1, 3, 6]),
+        ),
+        // At T = 1 the top two hold 0.41 + 0.25 of the mass, so p = 0.5 keeps those two.
+        (
+            sampling(1.0, None, Some(0.5)),
+            softmax_over(&logits, 1.0, &[1, 3]),
+        ),
+        (
+            sampling(1.0, Some(1), None),
+            softmax_over(&logits, 1.0, &[1]),
+        ),
+    ];
+    for (s, want) in cases {
+        let got = frequencies(&s, &logits, n);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() < 0.012,
+                "T {} top_k {:?} top_p {:?}: token {i} drawn {g:.4}, probability {w:.4}",
+                s.temperature,
+                s.top_k,
+                s.top_p
+            );
+            if *w == 0.0 {
+                assert_eq!(*g, 0.0, "token {i} is cut or masked, never drawn");
+            }
+        }
+    }
+    let mut rng = relation_core::rng::SplitMix64::new(3);
+    assert_eq!(sampling(0.0, None, None).draw(&logits, &mut rng), 1);
+    let poisoned = [0.5, f32::NAN, 3.0, 1.0];
+    assert_eq!(sampling(1.0, None, None).draw(&poisoned, &mut rng), 2);
+}

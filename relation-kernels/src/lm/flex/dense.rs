@@ -76,6 +76,9 @@ pub(crate) fn dense_f32(
     use faer::{MatRef, Par};
     let (m, k) = if ta { (ac, ar) } else { (ar, ac) };
     let n = if tb { br } else { bc };
+    if m <= FEW_ROWS && !ta && !tb {
+        return few_rows(a, b, m, n, k);
+    }
     #[cfg(target_arch = "x86_64")]
     if avx512 {
         use crate::flex::gemm512::View;
@@ -110,4 +113,75 @@ pub(crate) fn dense_f32(
     } else {
         product(a, b, par)
     }
+}
+
+/// Rows of `A` up to which [`dense_f32`] multiplies by a weight stored `[K, N]` with
+/// [`few_rows`] rather than faer: a decoding step's projections (a row per sequence).
+pub(crate) const FEW_ROWS: usize = 16;
+
+/// `A · B` for an `A` of few rows (`[M, K]`, `M <= FEW_ROWS`) and a `B` of contiguous rows
+/// (`[K, N]`), with the fused kernels' tile product ([`crate::flex::gemm`]), which reads both in
+/// place: faer packed the weight afresh for every product, a copy of all of `B` each time
+/// (a quarter of a 16-sequence decoding step's product time). Each output element is one chain
+/// of multiply-adds over `K` in order, so the bits do not depend on the threads: with several
+/// threads in the pool and enough work the columns are split among them, each block computed
+/// into its own buffer, then placed.
+///
+/// # Shapes
+/// - `a`: `[M, K]`, `b`: `[K, N]` (row-major); output row-major `[M, N]`
+fn few_rows(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    use crate::flex::{Mat, Strided, Triangle, gemm, output};
+    use rayon::prelude::*;
+    // Columns `c0 .. c0 + width` into `dst` (row stride `width`), 64 columns at a time: the
+    // tile product runs strips of 6 rows over all its columns, so more rows than one strip
+    // read each 64-column block of `B` (64 KiB at K = 256) again while it is still in cache.
+    let block = |c0: usize, width: usize, dst: &mut [f32]| {
+        let step = if m > 6 { 64 } else { width };
+        for at in (0..width).step_by(step.max(1)) {
+            let w = step.min(width - at);
+            let rhs = Mat::rows(&b[c0 + at..], n);
+            let mut dst = Strided {
+                data: &mut dst[at..],
+                ld: width,
+            };
+            gemm(
+                m,
+                w,
+                k,
+                &mut dst,
+                Mat::rows(a, k),
+                rhs,
+                1.0,
+                false,
+                Triangle::Full,
+            );
+        }
+    };
+    let mut y = output(m * n);
+    let threads = rayon::current_num_threads();
+    // Below ~64³ multiply-adds the fork costs more than the work (as for faer's products).
+    if threads == 1 || m * n * k < 1 << 18 || n < 32 {
+        block(0, n, &mut y);
+        return y;
+    }
+    // Column blocks of whole 16-lane vectors, one per thread.
+    let width = n.div_ceil(threads).next_multiple_of(16);
+    let blocks: Vec<(usize, Vec<f32>)> = (0..n)
+        .step_by(width)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|c0| {
+            let w = width.min(n - c0);
+            let mut part = vec![0.0; m * w];
+            block(c0, w, &mut part);
+            (c0, part)
+        })
+        .collect();
+    for (c0, part) in blocks {
+        let w = part.len() / m;
+        for (row, src) in y.chunks_exact_mut(n).zip(part.chunks_exact(w)) {
+            row[c0..c0 + w].copy_from_slice(src);
+        }
+    }
+    y
 }
