@@ -4,7 +4,10 @@
 //! its sequence's own position, each attention or Relation row reads its own cached rows), their
 //! own sampling settings and their own random stream. A step draws one token for every
 //! sequence and runs the model once over the whole batch, so the weights are read once per step
-//! for all of them. A sequence that ends leaves the batch between two steps, and a waiting
+//! for all of them. On a CPU with several threads the batch is kept in as many parts, each with
+//! its own cache and a one-thread pool, and a step runs the parts side by side, each thread
+//! every operation of its part on its own: at 16 sequences the operations are too small to
+//! split among threads without the threads waiting on each other more than they compute. A sequence that ends leaves the batch between two steps, and a waiting
 //! prompt joins it (prefilled on its own, then its cache joined to the others'): nobody waits
 //! for the longest sequence to finish.
 //!
@@ -95,19 +98,61 @@ struct Row {
 #[derive(Debug)]
 pub struct DecodeBatch<'m> {
     model: &'m RelationLm,
-    cache: LmCache,
-    rows: Vec<Row>,
+    /// The sequences, in parts run side by side (one part off a CPU).
+    parts: Vec<Part>,
+    /// A one-thread pool per part (none with one part).
+    pools: Vec<rayon::ThreadPool>,
+    /// Dtype of the caches' per-token buffers (`None`: the compute dtype).
+    storage: Option<DType>,
     capacity: usize,
 }
 
+/// Sequences that share a cache and run on one thread during a step.
+#[derive(Debug)]
+struct Part {
+    cache: LmCache,
+    rows: Vec<Row>,
+}
+
 impl<'m> DecodeBatch<'m> {
-    /// An empty batch of at most `capacity` sequences (at least one).
+    /// An empty batch of at most `capacity` sequences (at least one), in as many parts as the
+    /// thread pool has threads on a CPU device (see the module documentation), one part
+    /// elsewhere.
     pub fn new(model: &'m RelationLm, capacity: usize) -> Self {
+        let device = model.embedding.weight.val().device();
+        let threads = if relation_kernels::is_flex(&device) {
+            rayon::current_num_threads()
+        } else {
+            1
+        };
+        Self::with_parts(model, capacity, threads)
+    }
+
+    /// [`DecodeBatch::new`] with the sequences kept in `parts` parts (at least one; at most one
+    /// per sequence). One part runs every step on the whole thread pool.
+    pub fn with_parts(model: &'m RelationLm, capacity: usize, parts: usize) -> Self {
+        let capacity = capacity.max(1);
+        let parts = parts.clamp(1, capacity);
+        let pools = if parts > 1 {
+            (0..parts)
+                .map_while(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build().ok())
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // A pool that cannot start (no threads left) leaves the batch in one part.
+        let parts = if pools.len() == parts { parts } else { 1 };
         Self {
             model,
-            cache: model.new_cache(),
-            rows: Vec::new(),
-            capacity: capacity.max(1),
+            parts: (0..parts)
+                .map(|_| Part {
+                    cache: model.new_cache(),
+                    rows: Vec::new(),
+                })
+                .collect(),
+            pools: if parts > 1 { pools } else { Vec::new() },
+            storage: None,
+            capacity,
         }
     }
 
@@ -118,52 +163,72 @@ impl<'m> DecodeBatch<'m> {
     /// # Errors
     /// As [`LmCache::with_storage`]; a batch that already holds sequences.
     pub fn with_cache_dtype(mut self, storage: Option<DType>) -> Result<Self> {
-        if !self.rows.is_empty() {
+        if !self.is_empty() {
             return Err(ModelError::Batch(
                 "the cache dtype is chosen before any sequence is admitted".into(),
             ));
         }
-        self.cache = self.model.new_cache_in(storage)?;
+        self.model.new_cache_in(storage)?; // checks the dtype
+        self.storage = storage;
+        for i in 0..self.parts.len() {
+            self.parts[i].cache = self.fresh_cache();
+        }
         Ok(self)
     }
 
     /// An empty cache kept like this batch's.
     fn fresh_cache(&self) -> LmCache {
         LmCache {
-            storage: self.cache.storage,
+            storage: self.storage,
             ..self.model.new_cache()
         }
     }
 
     /// Sequences in the batch.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.parts.iter().map(|p| p.rows.len()).sum()
     }
 
     /// Whether no sequence is in the batch.
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.parts.iter().all(|p| p.rows.is_empty())
     }
 
     /// Whether the sequence of request `id` is in the batch.
     pub fn contains(&self, id: u64) -> bool {
-        self.rows.iter().any(|r| r.request.id == id)
+        self.rows().any(|r| r.request.id == id)
     }
 
     /// Room left: how many more sequences [`DecodeBatch::admit`] takes now.
     pub fn room(&self) -> usize {
-        self.capacity - self.rows.len()
+        self.capacity - self.len()
     }
 
     /// Tokens each sequence has in its cache (prompt and drawn tokens but the last drawn one),
     /// in batch order.
-    pub fn lens(&self) -> &[usize] {
-        self.cache.lens()
+    pub fn lens(&self) -> Vec<usize> {
+        self.parts
+            .iter()
+            .flat_map(|p| p.cache.lens().iter().copied())
+            .collect()
     }
 
     /// Bytes of the batch's caches.
     pub fn cache_bytes(&self) -> usize {
-        self.cache.bytes()
+        self.parts.iter().map(|p| p.cache.bytes()).sum()
+    }
+
+    /// The sequences in batch order (part by part).
+    fn rows(&self) -> impl Iterator<Item = &Row> {
+        self.parts.iter().flat_map(|p| p.rows.iter())
+    }
+
+    /// Empties the batch (after a model error: its caches would no longer match).
+    fn clear(&mut self) {
+        for i in 0..self.parts.len() {
+            self.parts[i].rows.clear();
+            self.parts[i].cache = self.fresh_cache();
+        }
     }
 
     /// Checks a request before it is admitted: a prompt of at least one token, every token in
@@ -198,7 +263,7 @@ impl<'m> DecodeBatch<'m> {
             return Err(ModelError::Batch(format!(
                 "{} sequences do not fit: the batch holds {} of at most {}",
                 requests.len(),
-                self.rows.len(),
+                self.len(),
                 self.capacity
             )));
         }
@@ -215,9 +280,8 @@ impl<'m> DecodeBatch<'m> {
                     .push(request);
             }
         }
-        let mut caches = vec![std::mem::take(&mut self.cache)];
         let vocab = self.model.vocab_size();
-        let mut rows = Vec::new();
+        let mut admitted: Vec<(LmCache, Vec<Row>)> = Vec::new();
         for (len, group) in groups {
             let ids: Vec<i64> = group
                 .iter()
@@ -226,32 +290,65 @@ impl<'m> DecodeBatch<'m> {
             let ids =
                 Tensor::<2, Int>::from_data(TensorData::new(ids, [group.len(), len]), &device); // [n, len]
             let mut cache = self.fresh_cache();
-            let logits = self.model.prefill(ids, &mut cache, PREFILL_CHUNK); // [n, V]
-            let logits = match logits {
-                Ok(logits) => logits,
-                Err(e) => {
-                    self.cache = caches.swap_remove(0);
-                    return Err(e);
-                }
-            };
+            // The whole pool prefills (a prompt is many tokens), whatever the parts.
+            let logits = self.model.prefill(ids, &mut cache, PREFILL_CHUNK)?; // [n, V]
             let logits: Vec<f32> = logits.into_data().iter::<f32>().collect();
-            caches.push(cache);
-            for (request, logits) in group.into_iter().zip(logits.chunks(vocab)) {
-                rows.push(Row {
+            let rows = group
+                .into_iter()
+                .zip(logits.chunks(vocab))
+                .map(|(request, logits)| Row {
                     rng: SplitMix64::new(request.sampling.seed),
                     request,
                     logits: logits.to_vec(),
                     drawn: 0,
-                });
+                })
+                .collect();
+            admitted.push((cache, rows));
+        }
+        // Each new sequence joins the part with the fewest (the first such part on a tie).
+        let mut joining: Vec<(Vec<LmCache>, Vec<Row>)> =
+            (0..self.parts.len()).map(|_| Default::default()).collect();
+        let mut sizes: Vec<usize> = self.parts.iter().map(|p| p.rows.len()).collect();
+        for (cache, rows) in admitted {
+            let mut at: Vec<Vec<usize>> = vec![Vec::new(); self.parts.len()];
+            for (i, row) in rows.into_iter().enumerate() {
+                let part = (0..sizes.len()).min_by_key(|&p| sizes[p]).unwrap_or(0);
+                sizes[part] += 1;
+                at[part].push(i);
+                joining[part].1.push(row);
+            }
+            for (part, picked) in at.into_iter().enumerate() {
+                if picked.len() == cache.lens().len() {
+                    joining[part].0.push(cache);
+                    break;
+                }
+                if !picked.is_empty() {
+                    joining[part].0.push(cache.select(&picked)?);
+                }
             }
         }
-        caches.retain(|c| !c.is_empty());
-        self.cache = match caches.len() {
-            0 => self.fresh_cache(),
-            1 => caches.pop().expect("one cache"),
-            _ => LmCache::join(caches)?,
-        };
-        self.rows.extend(rows);
+        for (part, (caches, rows)) in joining.into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let mut caches = caches;
+            let fresh = self.fresh_cache();
+            let current = std::mem::replace(&mut self.parts[part].cache, fresh);
+            if !current.is_empty() {
+                caches.insert(0, current);
+            }
+            self.parts[part].cache = match caches.len() {
+                1 => caches.pop().expect("one cache"),
+                _ => match LmCache::join(caches) {
+                    Ok(cache) => cache,
+                    Err(e) => {
+                        self.clear(); // a part lost its cache: no sequence can go on
+                        return Err(e);
+                    }
+                },
+            };
+            self.parts[part].rows.extend(rows);
+        }
         Ok(())
     }
 
@@ -262,10 +359,66 @@ impl<'m> DecodeBatch<'m> {
     /// # Errors
     /// A model error; the batch is empty afterwards (its caches would no longer match).
     pub fn step(&mut self, on_token: &mut dyn FnMut(Drawn) -> Next) -> Result<Vec<(u64, Finish)>> {
-        let mut next = Vec::with_capacity(self.rows.len());
-        let mut keep = Vec::with_capacity(self.rows.len());
         let mut done = Vec::new();
-        for (i, row) in self.rows.iter_mut().enumerate() {
+        let mut inputs = Vec::with_capacity(self.parts.len());
+        for part in 0..self.parts.len() {
+            let next = self.draw(part, on_token, &mut done)?;
+            inputs.push(next);
+        }
+        let device = self.model.embedding.weight.val().device();
+        let (model, vocab) = (self.model, self.model.vocab_size());
+        let run = |part: &mut Part, next: Vec<i64>| -> Result<()> {
+            if next.is_empty() {
+                return Ok(());
+            }
+            let b = next.len();
+            let input = Tensor::<2, Int>::from_data(TensorData::new(next, [b, 1]), &device); // [B, 1]
+            let logits = model.forward_cached(input, &mut part.cache)?; // [B, 1, V]
+            let logits: Vec<f32> = logits.into_data().iter::<f32>().collect();
+            for (row, logits) in part.rows.iter_mut().zip(logits.chunks(vocab)) {
+                row.logits.copy_from_slice(logits);
+            }
+            Ok(())
+        };
+        let busy = inputs.iter().filter(|next| !next.is_empty()).count();
+        let result = if busy <= 1 {
+            // One part with sequences (or one part): it runs on the whole pool.
+            self.parts
+                .iter_mut()
+                .zip(inputs)
+                .try_for_each(|(part, next)| run(part, next))
+        } else {
+            use rayon::prelude::*;
+            let pools = &self.pools;
+            let results: Vec<Result<()>> = self
+                .parts
+                .par_iter_mut()
+                .zip(inputs)
+                .enumerate()
+                .map(|(i, (part, next))| pools[i].install(|| run(part, next)))
+                .collect();
+            results.into_iter().collect()
+        };
+        if let Err(e) = result {
+            self.clear();
+            return Err(e);
+        }
+        Ok(done)
+    }
+
+    /// Draws a token for every sequence of part `part`, hands each to `on_token`, records the
+    /// sequences that end in `done` and lets them leave; returns the tokens of the others (the
+    /// part's next input, in its batch order).
+    fn draw(
+        &mut self,
+        part: usize,
+        on_token: &mut dyn FnMut(Drawn) -> Next,
+        done: &mut Vec<(u64, Finish)>,
+    ) -> Result<Vec<i64>> {
+        let rows = &mut self.parts[part].rows;
+        let mut next = Vec::with_capacity(rows.len());
+        let mut keep = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter_mut().enumerate() {
             let sampling = &row.request.sampling;
             let token = sampling.draw(&row.logits, &mut row.rng);
             row.drawn += 1;
@@ -296,38 +449,26 @@ impl<'m> DecodeBatch<'m> {
                 next.push(token as i64);
             }
         }
-        if keep.len() < self.rows.len() {
+        if keep.len() < rows.len() {
             let mut at = 0;
-            self.rows.retain(|_| {
+            rows.retain(|_| {
                 at += 1;
                 keep.binary_search(&(at - 1)).is_ok()
             });
-            self.cache = if keep.is_empty() {
-                self.fresh_cache()
+            let cache = if keep.is_empty() {
+                Ok(self.fresh_cache())
             } else {
-                self.cache.select(&keep)?
+                self.parts[part].cache.select(&keep)
             };
-        }
-        if self.rows.is_empty() {
-            return Ok(done);
-        }
-        let device = self.model.embedding.weight.val().device();
-        let b = next.len();
-        let input = Tensor::<2, Int>::from_data(TensorData::new(next, [b, 1]), &device); // [B, 1]
-        let logits = match self.model.forward_cached(input, &mut self.cache) {
-            Ok(logits) => logits, // [B, 1, V]
-            Err(e) => {
-                self.rows.clear();
-                self.cache = self.fresh_cache();
-                return Err(e);
+            match cache {
+                Ok(cache) => self.parts[part].cache = cache,
+                Err(e) => {
+                    self.clear();
+                    return Err(e);
+                }
             }
-        };
-        let logits: Vec<f32> = logits.into_data().iter::<f32>().collect();
-        let vocab = self.model.vocab_size();
-        for (row, logits) in self.rows.iter_mut().zip(logits.chunks(vocab)) {
-            row.logits.copy_from_slice(logits);
         }
-        Ok(done)
+        Ok(next)
     }
 }
 

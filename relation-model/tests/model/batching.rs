@@ -124,6 +124,61 @@ fn continuous_batching_gives_every_prompt_its_own_tokens() {
     }
 }
 
+/// A batch kept in parts that run side by side (one thread each): nine prompts of different
+/// lengths and lengths of continuation through at most five sequences at a time, in 1, 2 and 3
+/// parts (and more parts than sequences), joining as others leave: every prompt draws the
+/// tokens it draws alone with its seed, for a Hybrid and an attention model.
+#[test]
+fn a_batch_in_parts_gives_every_prompt_its_own_tokens() {
+    let device = Device::flex();
+    for pattern in ["LLLF", "FA"] {
+        let lm = model(&tiny(pattern, 2), &device);
+        let requests: Vec<Request> = (0..9u64)
+            .map(|i| Request {
+                id: i,
+                prompt: (0..1 + 4 * i).map(|t| ((t * 5 + i) % 97) as u32).collect(),
+                sampling: Sampling {
+                    max_new_tokens: 2 + (i as usize * 3) % 7,
+                    seed: 40 + i,
+                    ..Sampling::default()
+                },
+                logprobs: None,
+            })
+            .collect();
+        let alone: Vec<Vec<u32>> = requests
+            .iter()
+            .map(|r| {
+                lm.generate(std::slice::from_ref(&r.prompt), &r.sampling)
+                    .unwrap()[0]
+                    .clone()
+            })
+            .collect();
+        for parts in [1, 2, 3, 8] {
+            let mut batch = DecodeBatch::with_parts(&lm, 5, parts);
+            let mut waiting = requests.clone().into_iter();
+            let mut drawn = vec![Vec::new(); requests.len()];
+            loop {
+                let joining: Vec<Request> = waiting.by_ref().take(batch.room()).collect();
+                if !joining.is_empty() {
+                    batch.admit(joining).unwrap();
+                }
+                if batch.is_empty() {
+                    break;
+                }
+                assert!(batch.len() <= 5);
+                assert_eq!(batch.lens().len(), batch.len());
+                batch
+                    .step(&mut |d| {
+                        drawn[d.id as usize].push(d.token);
+                        Next::Continue
+                    })
+                    .unwrap();
+            }
+            assert_eq!(drawn, alone, "{pattern} in {parts} parts");
+        }
+    }
+}
+
 /// The batch itself: room, joining between steps, why each sequence left, log-probabilities
 /// that are the model's, and sequences of 0 new tokens never joining.
 #[test]
