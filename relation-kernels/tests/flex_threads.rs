@@ -74,8 +74,18 @@ fn lm_run() -> Vec<TensorData> {
     // threads (the few-rows product).
     let xs = uniform([16, 256], 9, 1.0, &device, DType::F32);
     let ws = uniform([256, 1000], 10, 1.0, &device, DType::F32);
-    let few = relation_kernels::dense(xs, ws, relation_core::WeightLayout::InOut, Strategy::Fused)
-        .unwrap();
+    let few = relation_kernels::dense(
+        xs.clone(),
+        ws,
+        relation_core::WeightLayout::InOut,
+        Strategy::Fused,
+    )
+    .unwrap();
+    // And by a weight stored `[N, K]` (the tied head): row-by-row dot products.
+    let wt = uniform([1000, 256], 11, 1.0, &device, DType::F32);
+    let few_t =
+        relation_kernels::dense(xs, wt, relation_core::WeightLayout::OutIn, Strategy::Fused)
+            .unwrap();
     let ids: Vec<i64> = (0..300).map(|i| (i * 37 % 777) as i64).collect();
     let targets = Tensor::<1, burn::tensor::Int>::from_data(TensorData::new(ids, [300]), &device);
     let nll = relation_kernels::cross_entropy(logits.clone(), targets, Strategy::Fused).unwrap();
@@ -94,6 +104,7 @@ fn lm_run() -> Vec<TensorData> {
     .backward();
     vec![
         few.into_data(),
+        few_t.into_data(),
         y.into_data(),
         nll.into_data(),
         gate.grad(&grads).unwrap().into_data(),

@@ -1,7 +1,7 @@
 //! What the Flex (pure-Rust CPU) kernels share, one job per file: tensors in and out of f32
 //! buffers ([`layout`]), output buffers ([`buffers`]), the choice of vector instruction set
-//! ([`simd`]), element-wise maths ([`math`]), the fused kernels' tile product ([`tile`]) and the
-//! dense products ([`dense`], over faer or [`gemm512`]).
+//! ([`simd`]), element-wise maths ([`math`]), the fused kernels' tile product ([`tile`]), the
+//! dense products ([`dense`], over faer or [`gemm512`]) and row-by-row dot products ([`dots`]).
 //!
 //! The kernels themselves live with their operation (`flash_relation/flex.rs`,
 //! `linear_relation/flex.rs`, `self_relation/flex.rs`, `lm/flex/`, `optim/flex.rs`). They all
@@ -27,6 +27,7 @@
 
 pub(crate) mod buffers;
 pub(crate) mod dense;
+pub(crate) mod dots;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm512;
 #[cfg(target_arch = "x86_64")]
@@ -40,6 +41,7 @@ pub(crate) use buffers::{Uninit, init_rows, output, zero_rows};
 pub(crate) use dense::product;
 #[cfg(target_arch = "x86_64")]
 pub(crate) use dense::product_avx512;
+pub(crate) use dots::dots;
 pub(crate) use layout::{
     dims4, f32_data, gather_heads, head_rows, read_f32, scatter_heads, tensor, transpose,
     transpose_heads, with_f32,

@@ -76,8 +76,8 @@ pub(crate) fn dense_f32(
     use faer::{MatRef, Par};
     let (m, k) = if ta { (ac, ar) } else { (ar, ac) };
     let n = if tb { br } else { bc };
-    if m <= FEW_ROWS && !ta && !tb {
-        return few_rows(a, b, m, n, k);
+    if m <= FEW_ROWS && !ta {
+        return few_rows(a, b, m, n, k, tb);
     }
     #[cfg(target_arch = "x86_64")]
     if avx512 {
@@ -115,27 +115,32 @@ pub(crate) fn dense_f32(
     }
 }
 
-/// Rows of `A` up to which [`dense_f32`] multiplies by a weight stored `[K, N]` with
-/// [`few_rows`] rather than faer: a decoding step's projections (a row per sequence).
+/// Rows of `A` up to which [`dense_f32`] multiplies with [`few_rows`] rather than faer: a
+/// decoding step's products (a row per sequence).
 pub(crate) const FEW_ROWS: usize = 16;
 
-/// `A · B` for an `A` of few rows (`[M, K]`, `M <= FEW_ROWS`) and a `B` of contiguous rows
-/// (`[K, N]`), with the fused kernels' tile product ([`crate::flex::gemm`]), which reads both in
-/// place: faer packed the weight afresh for every product, a copy of all of `B` each time
-/// (a quarter of a 16-sequence decoding step's product time). Each output element is one chain
-/// of multiply-adds over `K` in order, so the bits do not depend on the threads: with several
-/// threads in the pool and enough work the columns are split among them, each block computed
-/// into its own buffer, then placed.
+/// `A · op(B)` for an `A` of few rows (`[M, K]`, `M <= FEW_ROWS`), reading both in place: faer
+/// packed all of `B` (the weight) afresh on every product, a copy of the whole weight each time
+/// (a quarter of a 16-sequence decoding step's product time). A weight stored `[K, N]` goes
+/// through the fused kernels' tile product ([`crate::flex::gemm`]), one stored `[N, K]` (`tb`:
+/// the tied output head) through row-by-row dot products ([`crate::flex::dots`]). The bits do
+/// not depend on the threads: with several threads in the pool and enough work the output
+/// columns are split among them, each block computed into its own buffer, then placed.
 ///
 /// # Shapes
-/// - `a`: `[M, K]`, `b`: `[K, N]` (row-major); output row-major `[M, N]`
-fn few_rows(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    use crate::flex::{Mat, Strided, Triangle, gemm, output};
+/// - `a`: `[M, K]`, `b`: `[K, N]` (`[N, K]` when `tb`), row-major; output row-major `[M, N]`
+fn few_rows(a: &[f32], b: &[f32], m: usize, n: usize, k: usize, tb: bool) -> Vec<f32> {
+    use crate::flex::{Mat, Strided, Triangle, dots, gemm, output};
     use rayon::prelude::*;
-    // Columns `c0 .. c0 + width` into `dst` (row stride `width`), 64 columns at a time: the
-    // tile product runs strips of 6 rows over all its columns, so more rows than one strip
-    // read each 64-column block of `B` (64 KiB at K = 256) again while it is still in cache.
+    // Columns `c0 .. c0 + width` into `dst` (row stride `width`).
     let block = |c0: usize, width: usize, dst: &mut [f32]| {
+        if tb {
+            dots(a, b, m, k, c0, width, dst);
+            return;
+        }
+        // 64 columns at a time: the tile product runs strips of 6 rows over all its columns,
+        // so more rows than one strip read each 64-column block of `B` (64 KiB at K = 256)
+        // again while it is still in cache.
         let step = if m > 6 { 64 } else { width };
         for at in (0..width).step_by(step.max(1)) {
             let w = step.min(width - at);
