@@ -48,13 +48,16 @@ echo "$features" > .gpu/features
 # One cargo invocation for everything, so features unify once (building the tests and the
 # examples separately compiles Burn twice). `cargo test --no-run` also builds the examples.
 start=$(date +%s)
-cargo test "${profile[@]}" --workspace --features "$features" --no-run --message-format=json 2>/dev/null \
+# Cargo's own messages go to .gpu/cargo.log; a failed build prints its tail (the JSON stream on
+# stdout carries the artifacts' paths).
+failed() { echo "error: $1 failed; the end of .gpu/cargo.log:" >&2; tail -40 .gpu/cargo.log >&2; exit 1; }
+cargo test "${profile[@]}" --workspace --features "$features" --no-run --message-format=json 2>.gpu/cargo.log \
   | python3 -c 'import json,sys
 want={"kernels","gpu_check"}
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"] in want:
-        print(m["target"]["name"], m["executable"])' > .gpu/binaries.txt
+        print(m["target"]["name"], m["executable"])' > .gpu/binaries.txt || failed "the build"
 [ "$(wc -l < .gpu/binaries.txt)" -eq 2 ] || { echo "expected 2 binaries, got: $(cat .gpu/binaries.txt)" >&2; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 mkdir -p .gpu/bin
@@ -68,13 +71,13 @@ if [ "$mode" = --rehearse ]; then
 else
   start=$(date +%s)
   cargo build "${profile[@]}" -p relation-examples --example gpu_check \
-      --features "$features,autotune" --message-format=json 2>/dev/null \
+      --features "$features,autotune" --message-format=json 2>.gpu/cargo.log \
     | python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="gpu_check":
-        print(m["executable"])' > .gpu/autotune.txt
-  [ -s .gpu/autotune.txt ] || { echo "the autotune build of gpu_check failed" >&2; exit 1; }
+        print(m["executable"])' > .gpu/autotune.txt || failed "the autotune build of gpu_check"
+  [ -s .gpu/autotune.txt ] || failed "the autotune build of gpu_check"
   strip -o .gpu/bin/gpu_check_autotune "$(cat .gpu/autotune.txt)"
   echo "autotune build: $(( $(date +%s) - start )) s"
 fi
@@ -84,7 +87,7 @@ fi
 # about 768 MiB of memory; compressing at -9e about 8.5 GiB and several minutes on two cores.
 start=$(date +%s)
 tar -C .gpu/bin -c kernels gpu_check gpu_check_autotune | xz "${xz_opts[@]}" > .gpu/bundle.tar.xz
-rm -rf .gpu/bin
+rm -rf .gpu/bin .gpu/cargo.log
 echo "compression: $(( $(date +%s) - start )) s"
 ls -la .gpu
 
