@@ -11,7 +11,7 @@
 //! | [`linear_relation`]: one of the two above by [`LinearRelationMode`] (what the model calls) | | | |
 //! | [`rope`] (positions of `P1`, `P2`, queries and keys), forward and backward | `naive_rope` | none: Burn's fusion compiles the reference | `lm/flex/rope.rs` (one pass, all cores; backward = inverse rotation) |
 //! | [`rms_norm`] (the pre-norms and the final norm), forward and backward | `naive_rms_norm` | none: Burn's fusion compiles the reference | `lm/flex/rms_norm.rs` (one pass each, all cores, fixed-order `dγ`) |
-//! | [`dense`] (every projection and the output head), forward and backward | `naive_dense` | none: Burn's matmul | `lm/flex/dense.rs` (faer's GEMM, or `flex/gemm512.rs` on Intel with AVX-512; all cores, no transposed copies) |
+//! | [`dense`] (every projection and the output head), forward and backward | `naive_dense` | none: Burn's matmul | `lm/flex/dense.rs` (faer's GEMM, or `flex/gemm512.rs` on Intel with AVX-512; up to 16 rows, a decoding step's, by the tile product or `flex/dots.rs`, weights read in place; all cores, no transposed copies) |
 //! | [`swiglu`], [`cross_entropy`] (the model's element-wise hot spots), forward and backward | `naive_swiglu` / `naive_cross_entropy` | none: Burn's fusion compiles the reference | `lm/flex/` (one pass each, all cores) |
 //! | [`adamw`] (the optimizer's update; not differentiable) | `naive_adamw` | none: Burn's fusion compiles the reference | `optim/flex.rs` (one pass per parameter, in place, all cores, the reference's bits) |
 //!
