@@ -77,9 +77,9 @@ pub(crate) fn exp<M: MulAdd>(x: f32) -> f32 {
 /// top) · scale}`, returned with their sum (accumulated in f64).
 ///
 /// `top` is the row's largest logit and `scale` the inverse temperature, so every exponent is
-/// ≤ 0 and every weight in `[0, 1]`. One pass that vectorises (the branch-free `exp` of the Flex kernels, with
-/// unfused multiply-adds, compiled for the baseline target: the same bits on every CPU) where a
-/// libm `exp` per logit took most of a 16-sequence decoding step's sampling. Exponents below
+/// ≤ 0 and every weight in `[0, 1]`. One pass that vectorises (the branch-free `exp` of the Flex
+/// kernels, with unfused multiply-adds, compiled for the baseline target: the same bits on every
+/// CPU) where a libm `exp` per logit took most of a 16-sequence decoding step's sampling. Exponents below
 /// -87 give exactly 0, so a token whose logit is -inf (masked) is never drawn; a NaN logit gives
 /// a NaN weight.
 ///
