@@ -213,6 +213,11 @@ impl<'m> DecodeBatch<'m> {
             .collect()
     }
 
+    /// Sequences in each part (see [`DecodeBatch::with_parts`]).
+    pub fn part_lens(&self) -> Vec<usize> {
+        self.parts.iter().map(|p| p.rows.len()).collect()
+    }
+
     /// Bytes of the batch's caches.
     pub fn cache_bytes(&self) -> usize {
         self.parts.iter().map(|p| p.cache.bytes()).sum()
@@ -365,6 +370,7 @@ impl<'m> DecodeBatch<'m> {
             let next = self.draw(part, on_token, &mut done)?;
             inputs.push(next);
         }
+        self.rebalance(&mut inputs)?;
         let device = self.model.embedding.weight.val().device();
         let (model, vocab) = (self.model, self.model.vocab_size());
         let run = |part: &mut Part, next: Vec<i64>| -> Result<()> {
@@ -404,6 +410,55 @@ impl<'m> DecodeBatch<'m> {
             return Err(e);
         }
         Ok(done)
+    }
+
+    /// Moves sequences from the fullest part to the emptiest until no two parts differ by more
+    /// than one (`inputs`, each part's next tokens, move with them), so that no thread idles
+    /// while another steps most of the batch after sequences left unevenly. The moved rows'
+    /// caches are copied out of their part and joined to the other's (a copy of both parts'
+    /// caches, only when sequences left unevenly).
+    ///
+    /// # Errors
+    /// A cache error; the batch is empty afterwards.
+    fn rebalance(&mut self, inputs: &mut [Vec<i64>]) -> Result<()> {
+        loop {
+            let sizes: Vec<usize> = self.parts.iter().map(|p| p.rows.len()).collect();
+            let from = (0..sizes.len()).max_by_key(|&i| sizes[i]).unwrap_or(0);
+            let to = (0..sizes.len()).min_by_key(|&i| sizes[i]).unwrap_or(0);
+            if sizes[from] <= sizes[to] + 1 {
+                return Ok(());
+            }
+            let (n, moving) = (sizes[from], (sizes[from] - sizes[to]) / 2);
+            let keep: Vec<usize> = (0..n - moving).collect();
+            let moved: Vec<usize> = (n - moving..n).collect();
+            let cache = &self.parts[from].cache;
+            let (kept, taken) = match (cache.select(&keep), cache.select(&moved)) {
+                (Ok(kept), Ok(taken)) => (kept, taken),
+                (Err(e), _) | (_, Err(e)) => {
+                    self.clear();
+                    return Err(e);
+                }
+            };
+            let fresh = self.fresh_cache();
+            let current = std::mem::replace(&mut self.parts[to].cache, fresh);
+            let joined = if current.is_empty() {
+                Ok(taken)
+            } else {
+                LmCache::join(vec![current, taken])
+            };
+            match joined {
+                Ok(joined) => self.parts[to].cache = joined,
+                Err(e) => {
+                    self.clear();
+                    return Err(e);
+                }
+            }
+            self.parts[from].cache = kept;
+            let rows = self.parts[from].rows.split_off(n - moving);
+            self.parts[to].rows.extend(rows);
+            let tokens = inputs[from].split_off(n - moving);
+            inputs[to].extend(tokens);
+        }
     }
 
     /// Draws a token for every sequence of part `part`, hands each to `on_token`, records the

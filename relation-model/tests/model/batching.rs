@@ -126,8 +126,9 @@ fn continuous_batching_gives_every_prompt_its_own_tokens() {
 
 /// A batch kept in parts that run side by side (one thread each): nine prompts of different
 /// lengths and lengths of continuation through at most five sequences at a time, in 1, 2 and 3
-/// parts (and more parts than sequences), joining as others leave: every prompt draws the
-/// tokens it draws alone with its seed, for a Hybrid and an attention model.
+/// parts (and more parts than sequences), joining as others leave and moving between parts when
+/// they leave unevenly (no two parts differ by more than one after a step): every prompt draws
+/// the tokens it draws alone with its seed, for a Hybrid and an attention model.
 #[test]
 fn a_batch_in_parts_gives_every_prompt_its_own_tokens() {
     let device = Device::flex();
@@ -173,6 +174,14 @@ fn a_batch_in_parts_gives_every_prompt_its_own_tokens() {
                         Next::Continue
                     })
                     .unwrap();
+                // Sequences that left unevenly are rebalanced within the step.
+                let sizes = batch.part_lens();
+                let (most, least) = (sizes.iter().max(), sizes.iter().min());
+                assert!(
+                    most.unwrap() - least.unwrap() <= 1,
+                    "{pattern}: parts {sizes:?}"
+                );
+                assert_eq!(sizes.iter().sum::<usize>(), batch.len());
             }
             assert_eq!(drawn, alone, "{pattern} in {parts} parts");
         }
