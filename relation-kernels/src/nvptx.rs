@@ -114,35 +114,33 @@ pub fn flash_tile_kernels(
         block_k: chunk,
         padded: head_dim.next_multiple_of(TILE),
     };
-    let outputs = crate::linear_relation::chunk_tiles_for_limits(limits, head_dim, chunk, elem)
-        .map(|(lanes, planes)| {
-            let definition = crate::linear_relation::chunk_output_definition(
-                &p,
-                &states,
-                (lanes, planes, chunk),
-                props.clone(),
-            );
-            (
-                "linear_chunk_output_tiles",
-                linear_shape((lanes, planes)),
-                definition,
-            )
-        });
-    let state_pass = crate::linear_relation::chunk_states_for_limits(limits, head_dim, chunk, elem)
-        .map(|(lanes, planes)| {
-            let definition = crate::linear_relation::chunk_states_definition(
-                &p,
-                &states,
-                (lanes, planes, chunk),
-                props.clone(),
-            );
-            (
-                "linear_chunk_states_tiles",
-                linear_shape((lanes, planes)),
-                definition,
-            )
-        });
-    let linear = outputs.into_iter().chain(state_pass);
+    // A pass's row, where the head dimension takes it: its name, cube shape and definition.
+    type Define = fn(
+        &CubeTensor,
+        &CubeTensor,
+        (usize, usize, usize),
+        std::sync::Arc<cubecl::ir::DeviceProperties>,
+    ) -> cubecl::prelude::KernelDefinition;
+    let linear_row = |name: &'static str, shape: Option<(usize, usize)>, define: Define| {
+        shape.map(|(lanes, planes)| {
+            let definition = define(&p, &states, (lanes, planes, chunk), props.clone());
+            (name, linear_shape((lanes, planes)), definition)
+        })
+    };
+    let linear = [
+        linear_row(
+            "linear_chunk_output_tiles",
+            crate::linear_relation::chunk_tiles_for_limits(limits, head_dim, chunk, elem),
+            crate::linear_relation::chunk_output_definition,
+        ),
+        linear_row(
+            "linear_chunk_states_tiles",
+            crate::linear_relation::chunk_states_for_limits(limits, head_dim, chunk, elem),
+            crate::linear_relation::chunk_states_definition,
+        ),
+    ]
+    .into_iter()
+    .flatten();
     let definitions = [
         (
             "flash_fwd_tiles",

@@ -7,8 +7,8 @@
 //! for all of them. On a CPU with several threads the batch is kept in as many parts, each with
 //! its own cache and a one-thread pool, and a step runs the parts side by side, each thread
 //! every operation of its part on its own: at 16 sequences the operations are too small to
-//! split among threads without the threads waiting on each other more than they compute. A sequence that ends leaves the batch between two steps, and a waiting
-//! prompt joins it (prefilled on its own, then its cache joined to the others'): nobody waits
+//! split among threads without the threads waiting on each other more than they compute. A
+//! sequence that ends leaves the batch between two steps, and a waiting prompt joins it (prefilled on its own, then its cache joined to the others'): nobody waits
 //! for the longest sequence to finish.
 //!
 //! A sequence's tokens depend only on its prompt, its settings and its seed, not on which other
@@ -133,15 +133,16 @@ impl<'m> DecodeBatch<'m> {
     pub fn with_parts(model: &'m RelationLm, capacity: usize, parts: usize) -> Self {
         let capacity = capacity.max(1);
         let parts = parts.clamp(1, capacity);
-        let pools = if parts > 1 {
-            (0..parts)
-                .map_while(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build().ok())
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let pools: Vec<rayon::ThreadPool> = (0..parts)
+            .take_while(|_| parts > 1)
+            .map_while(|_| rayon::ThreadPoolBuilder::new().num_threads(1).build().ok())
+            .collect();
         // A pool that cannot start (no threads left) leaves the batch in one part.
-        let parts = if pools.len() == parts { parts } else { 1 };
+        let (parts, pools) = if pools.len() == parts {
+            (parts, pools)
+        } else {
+            (1, Vec::new())
+        };
         Self {
             model,
             parts: (0..parts)
@@ -150,7 +151,7 @@ impl<'m> DecodeBatch<'m> {
                     rows: Vec::new(),
                 })
                 .collect(),
-            pools: if parts > 1 { pools } else { Vec::new() },
+            pools,
             storage: None,
             capacity,
         }
@@ -333,27 +334,35 @@ impl<'m> DecodeBatch<'m> {
             }
         }
         for (part, (caches, rows)) in joining.into_iter().enumerate() {
-            if rows.is_empty() {
-                continue;
+            if !rows.is_empty() {
+                self.join_into(part, caches, rows)?;
             }
-            let mut caches = caches;
-            let fresh = self.fresh_cache();
-            let current = std::mem::replace(&mut self.parts[part].cache, fresh);
-            if !current.is_empty() {
-                caches.insert(0, current);
-            }
-            self.parts[part].cache = match caches.len() {
-                1 => caches.pop().expect("one cache"),
-                _ => match LmCache::join(caches) {
-                    Ok(cache) => cache,
-                    Err(e) => {
-                        self.clear(); // a part lost its cache: no sequence can go on
-                        return Err(e);
-                    }
-                },
-            };
-            self.parts[part].rows.extend(rows);
         }
+        Ok(())
+    }
+
+    /// Appends sequences to part `part`: their caches (`caches`, in order) joined after the
+    /// part's, their rows after its rows.
+    ///
+    /// # Errors
+    /// A cache error; the batch is empty afterwards (the part's cache is gone).
+    fn join_into(&mut self, part: usize, mut caches: Vec<LmCache>, rows: Vec<Row>) -> Result<()> {
+        let fresh = self.fresh_cache();
+        let current = std::mem::replace(&mut self.parts[part].cache, fresh);
+        if !current.is_empty() {
+            caches.insert(0, current);
+        }
+        self.parts[part].cache = match caches.len() {
+            1 => caches.pop().expect("one cache"),
+            _ => match LmCache::join(caches) {
+                Ok(cache) => cache,
+                Err(e) => {
+                    self.clear();
+                    return Err(e);
+                }
+            },
+        };
+        self.parts[part].rows.extend(rows);
         Ok(())
     }
 
@@ -439,23 +448,9 @@ impl<'m> DecodeBatch<'m> {
                     return Err(e);
                 }
             };
-            let fresh = self.fresh_cache();
-            let current = std::mem::replace(&mut self.parts[to].cache, fresh);
-            let joined = if current.is_empty() {
-                Ok(taken)
-            } else {
-                LmCache::join(vec![current, taken])
-            };
-            match joined {
-                Ok(joined) => self.parts[to].cache = joined,
-                Err(e) => {
-                    self.clear();
-                    return Err(e);
-                }
-            }
             self.parts[from].cache = kept;
             let rows = self.parts[from].rows.split_off(n - moving);
-            self.parts[to].rows.extend(rows);
+            self.join_into(to, vec![taken], rows)?;
             let tokens = inputs[from].split_off(n - moving);
             inputs[to].extend(tokens);
         }
