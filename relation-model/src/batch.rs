@@ -8,8 +8,11 @@
 //! its own cache and a one-thread pool, and a step runs the parts side by side, each thread
 //! every operation of its part on its own: at 16 sequences the operations are too small to
 //! split among threads without the threads waiting on each other more than they compute. A
-//! sequence that ends leaves the batch between two steps, and a waiting prompt joins it (prefilled on its own, then its cache joined to the others'): nobody waits
-//! for the longest sequence to finish.
+//! sequence that ends leaves the batch between two steps, and a waiting prompt joins it
+//! (prefilled on its own, then its cache joined to the others', with room reserved for the
+//! tokens the part's sequences may still draw, so that the steps write the cache in place
+//! instead of copying it to grow it): nobody waits for the longest sequence to finish. Each
+//! part also draws its sequences' next tokens on its own thread.
 //!
 //! A sequence's tokens depend only on its prompt, its settings and its seed, not on which other
 //! sequences share its batch, up to the rounding of the batched products (greedy decoding gives
@@ -24,6 +27,11 @@ use crate::cache::LmCache;
 use crate::error::{ModelError, Result};
 use crate::generate::{PREFILL_CHUNK, Sampling};
 use crate::model::RelationLm;
+
+/// Tokens past the longest sequence for which a part's caches reserve room when sequences
+/// join it ([`LmCache::join_reserving`]): enough for most requests' remaining tokens, so the
+/// per-token buffers are not copied as they grow; longer requests grow them beyond it.
+const RESERVE_AHEAD: usize = 1024;
 
 /// A prompt waiting to be decoded.
 #[derive(Debug, Clone, PartialEq)]
@@ -83,6 +91,34 @@ struct Row {
     logits: Vec<f32>,
     /// Tokens drawn so far.
     drawn: usize,
+}
+
+impl Row {
+    /// Draws the sequence's next token from its logits (and, if its request asks, the
+    /// log-probabilities to report with it; none for a stop token, which is not handed on).
+    fn pick(&mut self) -> Pick {
+        let sampling = &self.request.sampling;
+        let token = sampling.draw(&self.logits, &mut self.rng);
+        let (logprob, top) = match self.request.logprobs {
+            Some(k) if !sampling.stop_tokens.contains(&token) => {
+                let (logprob, top) = log_probs(&self.logits, token, k);
+                (Some(logprob), top)
+            }
+            _ => (None, Vec::new()),
+        };
+        Pick {
+            token,
+            logprob,
+            top,
+        }
+    }
+}
+
+/// A token drawn for a sequence, not yet handed on ([`Row::pick`]).
+struct Pick {
+    token: u32,
+    logprob: Option<f32>,
+    top: Vec<(u32, f32)>,
 }
 
 /// Sequences decoded together, joining and leaving between steps (continuous batching).
@@ -352,15 +388,31 @@ impl<'m> DecodeBatch<'m> {
         if !current.is_empty() {
             caches.insert(0, current);
         }
-        self.parts[part].cache = match caches.len() {
-            1 => caches.pop().expect("one cache"),
-            _ => match LmCache::join(caches) {
-                Ok(cache) => cache,
-                Err(e) => {
-                    self.clear();
-                    return Err(e);
-                }
-            },
+        // Room for every sequence's remaining tokens (up to RESERVE_AHEAD past the longest), so
+        // that decoding writes in place instead of growing the buffers.
+        let lens: Vec<usize> = caches.iter().flat_map(|c| c.lens().to_vec()).collect();
+        let longest = lens.iter().copied().max().unwrap_or(0);
+        let reserve = self.parts[part]
+            .rows
+            .iter()
+            .chain(&rows)
+            .zip(&lens)
+            .map(|(row, len)| {
+                len + row
+                    .request
+                    .sampling
+                    .max_new_tokens
+                    .saturating_sub(row.drawn)
+            })
+            .max()
+            .unwrap_or(0)
+            .min(longest + RESERVE_AHEAD);
+        self.parts[part].cache = match LmCache::join_reserving(caches, reserve) {
+            Ok(cache) => cache,
+            Err(e) => {
+                self.clear();
+                return Err(e);
+            }
         };
         self.parts[part].rows.extend(rows);
         Ok(())
@@ -373,16 +425,23 @@ impl<'m> DecodeBatch<'m> {
     /// # Errors
     /// A model error; the batch is empty afterwards (its caches would no longer match).
     pub fn step(&mut self, on_token: &mut dyn FnMut(Drawn) -> Next) -> Result<Vec<(u64, Finish)>> {
+        // Each part draws its sequences' tokens on its own thread (a pass over the vocabulary
+        // per sequence); the tokens are then handed on in batch order.
+        let busy = self.parts.iter().filter(|p| !p.rows.is_empty()).count();
+        let picks = self.each_part(busy, vec![(); self.parts.len()], |part, ()| {
+            part.rows.iter_mut().map(Row::pick).collect::<Vec<Pick>>()
+        });
         let mut done = Vec::new();
         let mut inputs = Vec::with_capacity(self.parts.len());
-        for part in 0..self.parts.len() {
-            let next = self.draw(part, on_token, &mut done)?;
+        for (part, picks) in picks.into_iter().enumerate() {
+            let next = self.hand_on(part, picks, on_token, &mut done)?;
             inputs.push(next);
         }
         self.rebalance(&mut inputs)?;
         let device = self.model.embedding.weight.val().device();
         let (model, vocab) = (self.model, self.model.vocab_size());
-        let run = |part: &mut Part, next: Vec<i64>| -> Result<()> {
+        let busy = inputs.iter().filter(|next| !next.is_empty()).count();
+        let results = self.each_part(busy, inputs, |part, next| -> Result<()> {
             if next.is_empty() {
                 return Ok(());
             }
@@ -394,31 +453,39 @@ impl<'m> DecodeBatch<'m> {
                 row.logits.copy_from_slice(logits);
             }
             Ok(())
-        };
-        let busy = inputs.iter().filter(|next| !next.is_empty()).count();
-        let result = if busy <= 1 {
-            // One part with sequences (or one part): it runs on the whole pool.
-            self.parts
-                .iter_mut()
-                .zip(inputs)
-                .try_for_each(|(part, next)| run(part, next))
-        } else {
-            use rayon::prelude::*;
-            let pools = &self.pools;
-            let results: Vec<Result<()>> = self
-                .parts
-                .par_iter_mut()
-                .zip(inputs)
-                .enumerate()
-                .map(|(i, (part, next))| pools[i].install(|| run(part, next)))
-                .collect();
-            results.into_iter().collect()
-        };
-        if let Err(e) = result {
+        });
+        if let Err(e) = results.into_iter().collect::<Result<()>>() {
             self.clear();
             return Err(e);
         }
         Ok(done)
+    }
+
+    /// `f(part, input)` for every part with its input, side by side on the parts' one-thread
+    /// pools when more than one part has work (`busy`), else one after the other on the caller's
+    /// pool (one part with sequences runs on the whole pool).
+    fn each_part<I: Send, T: Send>(
+        &mut self,
+        busy: usize,
+        inputs: Vec<I>,
+        f: impl Fn(&mut Part, I) -> T + Sync,
+    ) -> Vec<T> {
+        if busy <= 1 {
+            return self
+                .parts
+                .iter_mut()
+                .zip(inputs)
+                .map(|(part, input)| f(part, input))
+                .collect();
+        }
+        use rayon::prelude::*;
+        let pools = &self.pools;
+        self.parts
+            .par_iter_mut()
+            .zip(inputs)
+            .enumerate()
+            .map(|(i, (part, input))| pools[i].install(|| f(part, input)))
+            .collect()
     }
 
     /// Moves sequences from the fullest part to the emptiest until no two parts differ by more
@@ -456,38 +523,32 @@ impl<'m> DecodeBatch<'m> {
         }
     }
 
-    /// Draws a token for every sequence of part `part`, hands each to `on_token`, records the
-    /// sequences that end in `done` and lets them leave; returns the tokens of the others (the
-    /// part's next input, in its batch order).
-    fn draw(
+    /// Hands on the tokens drawn for the sequences of part `part` (`picks`, one per sequence,
+    /// [`Row::pick`]) to `on_token`, records the sequences that end in `done` and lets them
+    /// leave; returns the tokens of the others (the part's next input, in its batch order).
+    fn hand_on(
         &mut self,
         part: usize,
+        picks: Vec<Pick>,
         on_token: &mut dyn FnMut(Drawn) -> Next,
         done: &mut Vec<(u64, Finish)>,
     ) -> Result<Vec<i64>> {
         let rows = &mut self.parts[part].rows;
         let mut next = Vec::with_capacity(rows.len());
         let mut keep = Vec::with_capacity(rows.len());
-        for (i, row) in rows.iter_mut().enumerate() {
+        for (i, (row, pick)) in rows.iter_mut().zip(picks).enumerate() {
             let sampling = &row.request.sampling;
-            let token = sampling.draw(&row.logits, &mut row.rng);
+            let token = pick.token;
             row.drawn += 1;
             if sampling.stop_tokens.contains(&token) {
                 done.push((row.request.id, Finish::Stop));
                 continue;
             }
-            let (logprob, top) = match row.request.logprobs {
-                Some(k) => {
-                    let (logprob, top) = log_probs(&row.logits, token, k);
-                    (Some(logprob), top)
-                }
-                None => (None, Vec::new()),
-            };
             let drawn = Drawn {
                 id: row.request.id,
                 token,
-                logprob,
-                top,
+                logprob: pick.logprob,
+                top: pick.top,
                 index: row.drawn,
             };
             if on_token(drawn) == Next::End {

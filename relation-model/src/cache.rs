@@ -21,7 +21,7 @@
 //! *ragged* cache takes one token per sequence at a time; [`LmCache::join`] and
 //! [`LmCache::select`] add and remove sequences between steps.
 
-use burn::tensor::{DType, Int, Tensor, TensorData};
+use burn::tensor::{DType, IndexingUpdateOp, Int, Tensor, TensorData};
 use relation_core::RopePositions;
 
 use crate::error::{ModelError, Result};
@@ -210,6 +210,24 @@ impl LayerCache {
     /// # Errors
     /// [`ModelError::Batch`] for an empty cache among them, or caches of different kinds.
     pub fn join(parts: Vec<Self>) -> Result<Self> {
+        Self::join_reserving(parts, 0)
+    }
+
+    /// [`LayerCache::join`] with per-token buffers of at least `reserve` rows, so that the
+    /// batch's next tokens are written in place rather than growing (copying) the buffers. One
+    /// cache that already has the room is returned as it is.
+    ///
+    /// # Errors
+    /// As [`LayerCache::join`].
+    pub fn join_reserving(mut parts: Vec<Self>, reserve: usize) -> Result<Self> {
+        let roomy = |p: &Self| match p {
+            Self::Empty => false,
+            Self::Linear { .. } => true,
+            _ => p.tensors().iter().all(|t| t.dims()[1] >= reserve),
+        };
+        if parts.len() == 1 && roomy(&parts[0]) {
+            return Ok(parts.pop().expect("one cache"));
+        }
         let Some(kind) = parts.first().map(Self::kind) else {
             return Ok(Self::Empty);
         };
@@ -224,7 +242,8 @@ impl LayerCache {
             .iter()
             .flat_map(|p| p.tensors().into_iter().map(|t| t.dims()[1]))
             .max()
-            .unwrap_or(0);
+            .unwrap_or(0)
+            .max(reserve);
         // Per-token buffers padded with zero rows to the common capacity.
         let padded = |t: &Tensor<4>| {
             let [b, c, h, d] = t.dims();
@@ -429,13 +448,34 @@ impl CachedPair {
                 lens,
             };
         }
-        let (mut a, mut b) = (grow(self.a), grow(self.b));
-        for (row, &at) in self.lens.iter().enumerate() {
-            let rows = [row..row + 1, at..at + n, 0..heads, 0..d];
-            a = a.slice_assign(rows.clone(), a_new.clone().narrow(0, row, 1));
-            b = b.slice_assign(rows, b_new.clone().narrow(0, row, 1));
+        // Ragged: token `t` of sequence `r` goes to row `lens[r] + t` of that sequence. One
+        // indexed write per buffer, viewed as `[B·C, H·D]` (row `r·C + lens[r] + t`), rather
+        // than one write per sequence.
+        let (a, b) = (grow(self.a), grow(self.b));
+        let c = a.dims()[1];
+        let at: Vec<i64> = self
+            .lens
+            .iter()
+            .enumerate()
+            .flat_map(|(row, &at)| (0..n).map(move |t| (row * c + at + t) as i64))
+            .collect();
+        let at = Tensor::<1, Int>::from_data(TensorData::new(at, [batch * n]), &a.device());
+        let write = |buffer: Tensor<4>, new: Tensor<4>| {
+            buffer
+                .reshape([batch * c, heads * d]) // [B, C, H, D] -> [B·C, H·D]
+                .select_assign(
+                    0,
+                    at.clone(),
+                    new.reshape([batch * n, heads * d]), // [B, n, H, D] -> [B·n, H·D]
+                    IndexingUpdateOp::Assign,
+                )
+                .reshape([batch, c, heads, d])
+        };
+        Self {
+            a: write(a, a_new),
+            b: write(b, b_new),
+            lens,
         }
-        Self { a, b, lens }
     }
 }
 
@@ -523,6 +563,17 @@ impl LmCache {
     /// # Errors
     /// Caches of different models; as [`LayerCache::join`].
     pub fn join(parts: Vec<Self>) -> Result<Self> {
+        Self::join_reserving(parts, 0)
+    }
+
+    /// [`LmCache::join`] with per-token buffers of at least `reserve` rows (see
+    /// [`LayerCache::join_reserving`]): room for the tokens the batch will decode, written in
+    /// place, where growing the buffers as it goes would copy them (and fault in fresh pages)
+    /// every few hundred tokens.
+    ///
+    /// # Errors
+    /// As [`LmCache::join`].
+    pub fn join_reserving(parts: Vec<Self>, reserve: usize) -> Result<Self> {
         let Some(n_layers) = parts.first().map(|p| p.layers.len()) else {
             return Ok(Self::default());
         };
@@ -545,7 +596,7 @@ impl LmCache {
         }
         let layers = columns
             .into_iter()
-            .map(LayerCache::join)
+            .map(|column| LayerCache::join_reserving(column, reserve))
             .collect::<Result<_>>()?;
         Ok(Self { layers, storage })
     }

@@ -6,7 +6,7 @@
 use burn::tensor::{DType, Device, Int, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance};
 use relation_model::{
-    DecodeBatch, Finish, LmCache, ModelError, Next, RelationLm, Request, Sampling,
+    DecodeBatch, Finish, LayerCache, LmCache, ModelError, Next, RelationLm, Request, Sampling,
 };
 
 use super::{model, tiny, tokens};
@@ -18,8 +18,10 @@ fn ids(tokens: &[u32], device: &Device) -> Tensor<2, Int> {
 
 /// Prompts of lengths 1, 7 and 20, each prefilled alone, joined into one ragged batch, then
 /// stepped five tokens together: every step's logits equal each sequence stepped alone; then
-/// the middle sequence leaves and the other two go on, still equal.
-fn check_ragged_steps(device: &Device, lm: &RelationLm, what: &str) {
+/// the middle sequence leaves and the other two go on, still equal. With `reserve`, the join
+/// makes room for that many rows ([`LmCache::join_reserving`]): the steps write into the
+/// reserved rows and never grow the buffers.
+fn check_ragged_steps(device: &Device, lm: &RelationLm, what: &str, reserve: usize) {
     let tol = tolerance(DType::F32, Check::Forward);
     let prompts: Vec<Vec<u32>> = [1usize, 7, 20]
         .iter()
@@ -35,8 +37,21 @@ fn check_ragged_steps(device: &Device, lm: &RelationLm, what: &str) {
         lm.forward_cached(ids(prompt, device), &mut cache).unwrap();
         alone.push(cache);
     }
-    let mut batch = LmCache::join(alone.clone()).unwrap();
+    let mut batch = LmCache::join_reserving(alone.clone(), reserve).unwrap();
     assert_eq!(batch.lens(), &[1, 7, 20]);
+    let capacity = |cache: &LmCache| -> Vec<usize> {
+        let per_token = |layer: &LayerCache| match layer {
+            LayerCache::Full { p2, .. } => Some(p2.dims()[1]),
+            LayerCache::Attention { k, .. } => Some(k.dims()[1]),
+            _ => None,
+        };
+        cache.layers.iter().filter_map(per_token).collect()
+    };
+    let reserved = capacity(&batch);
+    assert!(
+        reserved.iter().all(|&c| c >= reserve.max(20)),
+        "{what}: capacity {reserved:?} after reserving {reserve}"
+    );
     assert!(batch.is_ragged());
     let mut live = vec![0usize, 1, 2];
     for step in 0..8 {
@@ -70,6 +85,10 @@ fn check_ragged_steps(device: &Device, lm: &RelationLm, what: &str) {
             "{what}: lengths at step {step}"
         );
     }
+    if reserve >= 28 {
+        // 20 + 8 tokens fit in the reserved rows: no step grew (copied) the buffers.
+        assert_eq!(capacity(&batch), reserved, "{what}: grew past its reserve");
+    }
 }
 
 #[test]
@@ -77,10 +96,19 @@ fn a_ragged_batch_steps_each_sequence_as_alone_for_every_mixer() {
     let device = Device::flex();
     for pattern in ["F", "L", "A", "LLLF", "R", "N", "K", "FA"] {
         let lm = model(&tiny(pattern, 2), &device);
-        check_ragged_steps(&device, &lm, pattern);
+        check_ragged_steps(&device, &lm, pattern, 0);
     }
     let exchange_only = tiny("F", 2).with_exchange_only(true);
-    check_ragged_steps(&device, &model(&exchange_only, &device), "F exchange-only");
+    check_ragged_steps(
+        &device,
+        &model(&exchange_only, &device),
+        "F exchange-only",
+        0,
+    );
+    for pattern in ["FA", "LLLF"] {
+        let lm = model(&tiny(pattern, 2), &device);
+        check_ragged_steps(&device, &lm, &format!("{pattern} reserving"), 40);
+    }
 }
 
 #[cfg(feature = "wgpu")]
@@ -88,7 +116,9 @@ fn a_ragged_batch_steps_each_sequence_as_alone_for_every_mixer() {
 fn a_ragged_batch_steps_each_sequence_as_alone_with_kernels() {
     let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
     for pattern in ["LLLF", "A"] {
-        check_ragged_steps(&device, &model(&tiny(pattern, 2), &device), pattern);
+        let lm = model(&tiny(pattern, 2), &device);
+        check_ragged_steps(&device, &lm, pattern, 0);
+        check_ragged_steps(&device, &lm, &format!("{pattern} reserving"), 40);
     }
 }
 
