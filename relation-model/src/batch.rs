@@ -569,7 +569,7 @@ impl<'m> DecodeBatch<'m> {
             let cache = if keep.is_empty() {
                 Ok(self.fresh_cache())
             } else {
-                self.parts[part].cache.select(&keep)
+                std::mem::take(&mut self.parts[part].cache).retain(&keep)
             };
             match cache {
                 Ok(cache) => self.parts[part].cache = cache,

@@ -194,6 +194,41 @@ impl LayerCache {
         })
     }
 
+    /// The batch rows `keep` (increasing) of this cache, in order, moved down within its own
+    /// buffers (sequences leaving a batch): each kept row after a leaver is copied one row down,
+    /// then the buffers are narrowed to the kept rows. Where the backend writes a buffer held
+    /// once in place (Flex), nothing else is copied, where [`LayerCache::select`] builds new
+    /// buffers (the whole cache copied, into freshly faulted-in pages).
+    ///
+    /// # Errors
+    /// [`ModelError::Batch`] for rows that are not increasing or lie outside the batch.
+    pub fn retain(self, keep: &[usize]) -> Result<Self> {
+        let batch = self.lens().len();
+        if keep.windows(2).any(|w| w[0] >= w[1]) || keep.last().is_some_and(|&r| r >= batch) {
+            return Err(ModelError::Batch(format!(
+                "rows {keep:?} kept of a cache of {batch} sequences: they must increase and lie below {batch}"
+            )));
+        }
+        let lens: Vec<usize> = keep.iter().map(|&r| self.lens()[r]).collect();
+        Ok(match self {
+            Self::Empty => Self::Empty,
+            Self::Full { p2, info, .. } => Self::Full {
+                p2: compact(p2, keep),
+                info: compact(info, keep),
+                lens,
+            },
+            Self::Linear { state, .. } => Self::Linear {
+                state: compact(state, keep),
+                lens,
+            },
+            Self::Attention { k, v, .. } => Self::Attention {
+                k: compact(k, keep),
+                v: compact(v, keep),
+                lens,
+            },
+        })
+    }
+
     /// The tensors the cache holds.
     fn tensors(&self) -> Vec<&Tensor<4>> {
         match self {
@@ -479,6 +514,24 @@ impl CachedPair {
     }
 }
 
+/// Rows `keep` (increasing) of `t` along the batch dimension, moved down in place: row
+/// `keep[j]` is copied to row `j` (ascending, so a row is read before it is overwritten), then
+/// `t` is narrowed to the first `keep.len()` rows.
+///
+/// # Shapes
+/// - `t`: `[B, C, H, D]`, output: `[keep.len(), C, H, D]`
+fn compact(mut t: Tensor<4>, keep: &[usize]) -> Tensor<4> {
+    let [_, c, h, d] = t.dims();
+    for (j, &k) in keep.iter().enumerate() {
+        if j != k {
+            // A copy of the row, so that `t` is held once when it is written.
+            let row = t.clone().narrow(0, k, 1).mul_scalar(1.0); // [1, C, H, D]
+            t = t.slice_assign([j..j + 1, 0..c, 0..h, 0..d], row);
+        }
+    }
+    t.narrow(0, 0, keep.len())
+}
+
 /// The caches of every layer of a model, plus the number of tokens consumed.
 #[derive(Debug, Clone, Default)]
 pub struct LmCache {
@@ -555,6 +608,21 @@ impl LmCache {
             layers,
             storage: self.storage,
         })
+    }
+
+    /// The batch rows `keep` (increasing) of every layer's cache, moved down within its own
+    /// buffers ([`LayerCache::retain`]).
+    ///
+    /// # Errors
+    /// As [`LayerCache::retain`].
+    pub fn retain(self, keep: &[usize]) -> Result<Self> {
+        let storage = self.storage;
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|c| c.retain(keep))
+            .collect::<Result<_>>()?;
+        Ok(Self { layers, storage })
     }
 
     /// The sequences of `parts` as one batch, in order (each layer's caches joined with

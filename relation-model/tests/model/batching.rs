@@ -56,8 +56,13 @@ fn check_ragged_steps(device: &Device, lm: &RelationLm, what: &str, reserve: usi
     let mut live = vec![0usize, 1, 2];
     for step in 0..8 {
         if step == 5 {
-            // The middle sequence leaves between two steps.
-            batch = batch.select(&[0, 2]).unwrap();
+            // The middle sequence leaves between two steps: the rows copied out, or (with a
+            // reserve) moved down within the buffers.
+            batch = if reserve == 0 {
+                batch.select(&[0, 2]).unwrap()
+            } else {
+                batch.retain(&[0, 2]).unwrap()
+            };
             live = vec![0, 2];
         }
         let next: Vec<u32> = live
@@ -343,6 +348,15 @@ fn what_cannot_be_batched_is_a_typed_error() {
         err.to_string().contains("row 2 selected from a cache of 2"),
         "{err}"
     );
+    // Rows kept out of order, or outside the batch.
+    for keep in [&[1, 0][..], &[0, 2]] {
+        let err = ragged.clone().retain(keep).unwrap_err();
+        assert!(matches!(err, ModelError::Batch(_)), "{err}");
+        assert!(
+            err.to_string().contains("must increase and lie below 2"),
+            "{err}"
+        );
+    }
     let other = model(&tiny("L", 1), &device);
     let mut theirs = other.new_cache();
     other
