@@ -28,6 +28,11 @@ use crate::error::{ModelError, Result};
 use crate::generate::{PREFILL_CHUNK, Sampling};
 use crate::model::RelationLm;
 
+mod draw;
+
+use draw::Pick;
+pub use draw::log_probs;
+
 /// Tokens past the longest sequence for which a part's caches reserve room when sequences
 /// join it ([`LmCache::join_reserving`]): enough for most requests' remaining tokens, so the
 /// per-token buffers are not copied as they grow; longer requests grow them beyond it.
@@ -91,34 +96,6 @@ struct Row {
     logits: Vec<f32>,
     /// Tokens drawn so far.
     drawn: usize,
-}
-
-impl Row {
-    /// Draws the sequence's next token from its logits (and, if its request asks, the
-    /// log-probabilities to report with it; none for a stop token, which is not handed on).
-    fn pick(&mut self) -> Pick {
-        let sampling = &self.request.sampling;
-        let token = sampling.draw(&self.logits, &mut self.rng);
-        let (logprob, top) = match self.request.logprobs {
-            Some(k) if !sampling.stop_tokens.contains(&token) => {
-                let (logprob, top) = log_probs(&self.logits, token, k);
-                (Some(logprob), top)
-            }
-            _ => (None, Vec::new()),
-        };
-        Pick {
-            token,
-            logprob,
-            top,
-        }
-    }
-}
-
-/// A token drawn for a sequence, not yet handed on ([`Row::pick`]).
-struct Pick {
-    token: u32,
-    logprob: Option<f32>,
-    top: Vec<(u32, f32)>,
 }
 
 /// Sequences decoded together, joining and leaving between steps (continuous batching).
@@ -581,28 +558,4 @@ impl<'m> DecodeBatch<'m> {
         }
         Ok(next)
     }
-}
-
-/// `log softmax(logits)[token]` and the `top` most likely tokens with theirs (in f64, then
-/// rounded).
-pub fn log_probs(logits: &[f32], token: u32, top: usize) -> (f32, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let log_total = max
-        + logits
-            .iter()
-            .map(|&x| (x as f64 - max).exp())
-            .sum::<f64>()
-            .ln();
-    let logprob = |i: usize| (logits[i] as f64 - log_total) as f32;
-    let best = if top == 0 {
-        Vec::new()
-    } else {
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        let k = top.min(order.len());
-        order.select_nth_unstable_by(k - 1, |&a, &b| logits[b].total_cmp(&logits[a]));
-        order.truncate(k);
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        order.into_iter().map(|i| (i as u32, logprob(i))).collect()
-    };
-    (logprob(token as usize), best)
 }
