@@ -13,6 +13,9 @@
 //!     [-- --patterns L,LLLF,F --contexts 1024,10240,102400 --new-tokens 64 --cache-dtypes f32,f16]
 //! ```
 //!
+//! `--step-only` times one Full layer's decoding step alone (`flash_relation_decode` against a
+//! random cache of each context), so its read rate is the step's own, not the model's.
+//!
 //! `--cache-dtypes f32,f16` measures each pattern and context with the per-token caches kept in
 //! f32 and then in f16 (a half-precision Relation Cache: half the bytes per token).
 //!
@@ -51,6 +54,10 @@ struct Args {
     /// pattern and context is measured with each, one after the other.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
     cache_dtypes: Vec<String>,
+    /// Time the Full layer's decoding step alone (`flash_relation_decode` over a random cache of
+    /// each context, `H 8, D 32`, `--new-tokens` steps) instead of the whole model.
+    #[arg(long)]
+    step_only: bool,
 }
 
 /// The process's resident memory now, MiB (Linux; `None` elsewhere).
@@ -103,25 +110,38 @@ fn argmax(row: &[f32]) -> u32 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let device = parse_device(&args.device)?;
-    println!(
-        "Device {device:?}; d 256, H 8, d_ff 512, 4 layers, vocab 4096; a fresh cache prefilled per \
-         context, then {} tokens decoded greedily, batch 1",
-        args.new_tokens
-    );
+    if args.step_only {
+        println!(
+            "Device {device:?}; one Full layer's decoding step (H 8, D 32, batch 1) against a \
+             random cache of each context, the mean of {} steps",
+            args.new_tokens
+        );
+    } else {
+        println!(
+            "Device {device:?}; d 256, H 8, d_ff 512, 4 layers, vocab 4096; a fresh cache \
+             prefilled per context, then {} tokens decoded greedily, batch 1",
+            args.new_tokens
+        );
+    }
     let bandwidth = triad_gb_s();
     println!(
         "Memory bandwidth (triad, {} threads): {bandwidth:.1} GB/s",
         rayon::current_num_threads()
     );
-    println!(
-        "| pattern | cache | context | prefill tok/s | decode tok/s | cache MiB | cache read GB/s | share of triad | resident MiB | resident change while decoding (MiB) |"
-    );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    if !args.step_only {
+        println!(
+            "| pattern | cache | context | prefill tok/s | decode tok/s | cache MiB | cache read GB/s | share of triad | resident MiB | resident change while decoding (MiB) |"
+        );
+        println!("|---|---|---|---|---|---|---|---|---|---|");
+    }
     let storages = args
         .cache_dtypes
         .iter()
         .map(|d| parse_dtype(d))
         .collect::<Result<Vec<_>, _>>()?;
+    if args.step_only {
+        return step_only(&args, &storages, bandwidth, &device);
+    }
     for pattern in &args.patterns {
         let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());
         device.seed(0);
@@ -164,6 +184,57 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 rss_mib().map_or("?".into(), |m| format!("{m:.0}")),
             );
         }
+    }
+    Ok(())
+}
+
+/// One Full layer's decoding step alone: `flash_relation_decode` of one new row against a random
+/// Relation Cache of each context (`[1, C, 8, 32]` buffers, filled), in each cache dtype; the
+/// query in f32 as the model computes it. The step's read rate is its cache bytes over its time.
+fn step_only(
+    args: &Args,
+    storages: &[burn::tensor::DType],
+    bandwidth: f64,
+    device: &burn::tensor::Device,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use relation_kernels::{CachedRows, Strategy, flash_relation_decode};
+    let (h, d) = (8, 32);
+    println!("| cache | context | step µs | cache MiB | cache read GB/s | share of triad |");
+    println!("|---|---|---|---|---|---|");
+    let mut rng = SplitMix64::new(2);
+    let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_signed() as f32).collect() };
+    for (&context, &storage) in args
+        .contexts
+        .iter()
+        .flat_map(|c| storages.iter().map(move |s| (c, s)))
+    {
+        let buffer = |values: Vec<f32>| {
+            Tensor::<4>::from_data(TensorData::new(values, [1, context, h, d]), device)
+                .cast(storage)
+        };
+        let p2 = buffer(random(context * h * d));
+        let info = buffer(random(context * h * d));
+        let p1 = Tensor::<4>::from_data(TensorData::new(random(h * d), [1, 1, h, d]), device);
+        let lambda = Tensor::<1>::from_data(TensorData::new(vec![0.5f32], [1]), device);
+        let step = || {
+            let rows = CachedRows::uniform(p2.clone(), info.clone(), context);
+            flash_relation_decode(p1.clone(), rows, lambda.clone(), 1.0, Strategy::Auto)
+                .map(|y| y.into_data())
+        };
+        step()?; // warm-up
+        let start = Instant::now();
+        for _ in 0..args.new_tokens {
+            step()?;
+        }
+        let seconds = start.elapsed().as_secs_f64() / args.new_tokens as f64;
+        let bytes = (2 * context * h * d * storage.size()) as f64;
+        let read = bytes / seconds / 1e9;
+        println!(
+            "| {storage:?} | {context} | {:.0} | {:.2} | {read:.2} | {:.0} % |",
+            seconds * 1e6,
+            bytes / (1024.0 * 1024.0),
+            100.0 * read / bandwidth,
+        );
     }
     Ok(())
 }

@@ -62,13 +62,17 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
     debug::poison_outputs(true);
     let flex = Device::flex();
     let lambda = |device: &Device| Tensor::<1>::from_data([0.7f32], device);
-    // (B, len, spare rows, H, D): no history, one, a ragged block, several blocks of the split.
+    // (B, len, spare rows, H, D): no history, one, a ragged block, several blocks of the split;
+    // on x86 CPUs with AVX2, D a multiple of eight takes the hand-vectorised block (ten heads:
+    // one group of eight and a partial one) and D 60 the portable one.
     for (b, len, spare, h, d) in [
         (1, 1, 3, 2, 48),
         (2, 2, 0, 3, 60),
         (1, 63, 5, 2, 80),
         (2, 1000, 24, 4, 32),
         (1, 5000, 1, 2, 48),
+        (2, 777, 3, 10, 32),
+        (1, 300, 2, 3, 60),
     ] {
         let [q, p2, info] = cache(b, len, spare, h, d, len as u64);
         let what = format!(

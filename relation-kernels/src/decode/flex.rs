@@ -22,6 +22,9 @@
 //! half-precision cache, with a query of any dtype — widened to f32 one row at a time as it is
 //! read (F16C's conversion where the CPU has it), so a half-precision cache costs half the bytes
 //! per token.
+//!
+//! On x86-64 CPUs with AVX2 (and head dimensions a multiple of eight) each block runs the same
+//! steps hand-vectorised instead (`flex_x86.rs`); this portable block serves everywhere else.
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, bf16, f16};
@@ -34,23 +37,23 @@ use crate::flex::{
 };
 
 /// Positions read ahead by software prefetch (rows of `H·D` values).
-const AHEAD: usize = 4;
+pub(super) const AHEAD: usize = 4;
 /// Positions per block, at most.
 const MAX_BLOCK: usize = 4096;
 /// Positions per sub-block: their scores are computed first, then SiLU and the exponentials run
 /// over all of them as one vector, then their values are read (the sub-block's rows stay in L1).
-const SUB: usize = 16;
+pub(super) const SUB: usize = 16;
 /// Positions per block, at least (below it a task's set-up outweighs its work).
 const MIN_BLOCK: usize = 256;
 
 /// One block's Exchange part for every head.
-struct Partial {
+pub(super) struct Partial {
     /// Largest `E_j` of the block per head, `[H]`.
-    m: Vec<f32>,
+    pub(super) m: Vec<f32>,
     /// `Σ e^(E_j - m)` per head, `[H]`.
-    l: Vec<f32>,
+    pub(super) l: Vec<f32>,
     /// `Σ e^(E_j - m) Ĩ_j`, `[H, D]`.
-    z: Vec<f32>,
+    pub(super) z: Vec<f32>,
 }
 
 /// `a · b` in [`LANES`] independent partial sums (so it vectorises), combined in a fixed order.
@@ -71,14 +74,26 @@ fn dot<M: MulAdd>(a: &[f32], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
+/// The element types of a cache buffer.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(super) enum Width {
+    F32,
+    F16,
+    Bf16,
+}
+
 /// An element of a cache buffer the decoding step reads in place: f32, or f16/bf16 widened to
 /// f32 one row at a time as the row is read (a half-precision cache is half the bytes to read).
-trait CacheElem: Copy + Send + Sync {
+pub(super) trait CacheElem: Copy + Send + Sync {
+    /// Which of the three it is (for the x86 path's loads).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    const WIDTH: Width;
     /// Row `j` (of `row` values) of `rows` as f32: `rows` itself for f32, else widened into `buf`.
     fn row<'a>(rows: &'a [Self], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32];
 }
 
 impl CacheElem for f32 {
+    const WIDTH: Width = Width::F32;
     #[inline(always)]
     fn row<'a>(rows: &'a [f32], j: usize, row: usize, _buf: &'a mut [f32]) -> &'a [f32] {
         &rows[j * row..(j + 1) * row]
@@ -86,6 +101,7 @@ impl CacheElem for f32 {
 }
 
 impl CacheElem for f16 {
+    const WIDTH: Width = Width::F16;
     #[inline(always)]
     fn row<'a>(rows: &'a [f16], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32] {
         widen_f16(&rows[j * row..(j + 1) * row], buf);
@@ -135,6 +151,7 @@ unsafe fn widen_f16c(src: &[f16], dst: &mut [f32]) {
 }
 
 impl CacheElem for bf16 {
+    const WIDTH: Width = Width::Bf16;
     #[inline(always)]
     fn row<'a>(rows: &'a [bf16], j: usize, row: usize, buf: &'a mut [f32]) -> &'a [f32] {
         for (d, s) in buf.iter_mut().zip(&rows[j * row..(j + 1) * row]) {
@@ -174,15 +191,51 @@ pub(crate) fn widen_f16_portable(src: &[f16], dst: &mut [f32]) {
 /// one pass: per position, the scores of all heads (`[H]`, so SiLU and the exponentials run
 /// over the heads as one vector), then the online-softmax update of every head with that
 /// position's row of `Ĩ`, so the rows of `P2` and `Ĩ` stream from memory side by side.
-struct Block<'a, T> {
+pub(super) struct Block<'a, T> {
     /// The new row's `P1`, `[H, D]`.
-    query: &'a [f32],
+    pub(super) query: &'a [f32],
     /// The block's rows of `P2` and `Ĩ`, `[n, H, D]` each, in the cache's dtype.
-    keys: &'a [T],
-    values: &'a [T],
-    heads: usize,
-    head_dim: usize,
-    scale: f32,
+    pub(super) keys: &'a [T],
+    pub(super) values: &'a [T],
+    pub(super) heads: usize,
+    pub(super) head_dim: usize,
+    pub(super) scale: f32,
+}
+
+/// Steps 2 to 4 of a sub-block, shared by every path: the raw scores `e` (`[n, H]`,
+/// position-major) become SiLU'd scores, then weights `e^(E_j - m)`, each head's running maximum
+/// `m` moving at most once (and its `l` and `z`, `[H]` and `[H, D]`, rescaled when it does).
+#[inline(always)]
+pub(super) fn weigh<M: MulAdd>(
+    e: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
+    z: &mut [f32],
+    d: usize,
+) {
+    let h = m.len();
+    // 2. SiLU over all of them at once (one vectorised loop, not one call per head).
+    for u in e.iter_mut() {
+        *u = silu::<M>(*u); // E
+    }
+    // 3. Each head's running maximum moves at most once per sub-block.
+    for hi in 0..h {
+        let top = e.iter().skip(hi).step_by(h).fold(m[hi], |a, &b| a.max(b));
+        if top > m[hi] {
+            let factor = exp::<M>(m[hi] - top);
+            l[hi] *= factor;
+            z[hi * d..(hi + 1) * d]
+                .iter_mut()
+                .for_each(|a| *a *= factor);
+            m[hi] = top;
+        }
+    }
+    // 4. The weights, all at once.
+    for scores in e.chunks_exact_mut(h) {
+        for (w, m) in scores.iter_mut().zip(m.iter()) {
+            *w = exp::<M>(*w - m);
+        }
+    }
 }
 
 impl<T: CacheElem> Vectorized for Block<'_, T> {
@@ -220,28 +273,7 @@ impl<T: CacheElem> Vectorized for Block<'_, T> {
                     *u = self.scale * dot::<M>(q, k);
                 }
             }
-            // 2. SiLU over all of them at once (one vectorised loop, not one call per head).
-            for u in e.iter_mut() {
-                *u = silu::<M>(*u); // E
-            }
-            // 3. Each head's running maximum moves at most once per sub-block.
-            for hi in 0..h {
-                let top = e.iter().skip(hi).step_by(h).fold(m[hi], |a, &b| a.max(b));
-                if top > m[hi] {
-                    let factor = exp::<M>(m[hi] - top);
-                    l[hi] *= factor;
-                    z[hi * d..(hi + 1) * d]
-                        .iter_mut()
-                        .for_each(|a| *a *= factor);
-                    m[hi] = top;
-                }
-            }
-            // 4. The weights, all at once.
-            for scores in e.chunks_exact_mut(h) {
-                for (w, m) in scores.iter_mut().zip(&m) {
-                    *w = exp::<M>(*w - m);
-                }
-            }
+            weigh::<M>(e, &mut m, &mut l, &mut z, d);
             // 5. The values, row by row.
             for (jj, weights) in e.chunks_exact(h).enumerate() {
                 let value = T::row(self.values, j0 + jj, row, &mut value_buf);
@@ -339,19 +371,28 @@ impl Step<'_> {
             .flat_map(|bi| (0..blocks[bi]).map(move |k| (bi, k)))
             .collect();
 
+        #[cfg(target_arch = "x86_64")]
+        let x86 = super::flex_x86::available(d);
         let partials: Vec<Partial> = tasks
             .into_par_iter()
             .map(|(bi, k)| {
                 let (j0, j1) = (k * block, ((k + 1) * block).min(history[bi]));
                 let rows = bi * c * row + j0 * row..bi * c * row + j1 * row;
-                vectorized(Block {
+                let block = Block {
                     query: &q[bi * row..(bi + 1) * row],
                     keys: &keys[rows.clone()],
                     values: &values[rows],
                     heads: h,
                     head_dim: d,
                     scale: params.scale,
-                })
+                };
+                #[cfg(target_arch = "x86_64")]
+                if x86 {
+                    // SAFETY: `available` found AVX2, FMA and F16C, and D a multiple of eight.
+                    #[allow(unsafe_code)]
+                    return unsafe { super::flex_x86::block(block) };
+                }
+                vectorized(block)
             })
             .collect();
 

@@ -17,6 +17,8 @@ mod autodiff;
 mod cube;
 #[cfg(feature = "flex")]
 mod flex;
+#[cfg(all(feature = "flex", target_arch = "x86_64"))]
+mod flex_x86;
 #[cfg(feature = "flex")]
 #[allow(unused_imports)] // the tests' `debug::widen_f16`
 pub(crate) use flex::{widen_f16, widen_f16_portable};
