@@ -19,6 +19,12 @@
 //! draws `new_tokens / 2 + i · new_tokens / S` tokens), so sequences leave the batch one by one
 //! as a server's do; the rate is then every generated token over the decoding time.
 //!
+//! `--waves 4` sends `4 S` requests through `S` slots: the first `S` are admitted at the start,
+//! and each time sequences finish, as many waiting requests are admitted (prefilled, then their
+//! caches joined to the batch's) before the next step, as a server does under steady load. The
+//! rate is then every generated token over the whole time, admissions included, and the share of
+//! that time spent admitting is printed beside it.
+//!
 //! `--cache-dtype bf16` (or `f16`) keeps the Full layers' Relation Cache and attention's K/V
 //! cache in half precision while the model computes in f32 (`relation generate --cache-dtype`).
 
@@ -57,6 +63,10 @@ struct Args {
     /// Different generation lengths per stream (see the module documentation).
     #[arg(long)]
     spread_new_tokens: bool,
+    /// Requests per stream slot, arriving as slots free up (see the module documentation); 1:
+    /// every request admitted at the start.
+    #[arg(long, default_value_t = 1)]
+    waves: usize,
 }
 
 /// Tokens stream `i` of `streams` generates.
@@ -68,48 +78,72 @@ fn new_tokens(args: &Args, i: usize, streams: usize) -> usize {
     }
 }
 
-/// Prefill tokens per second and decoding tokens per second of one round of `streams` prompts.
+/// One request of a round: stream slot `i` of `streams`, its `wave`-th request.
+fn request(
+    args: &Args,
+    rng: &mut SplitMix64,
+    id: usize,
+    i: usize,
+    streams: usize,
+    seed: u64,
+) -> Request {
+    let len = args.context / 2 + rng.below(args.context.max(1));
+    Request {
+        id: id as u64,
+        prompt: (0..len).map(|_| rng.below(4096) as u32).collect(),
+        sampling: Sampling {
+            max_new_tokens: new_tokens(args, i, streams),
+            temperature: 1.0,
+            top_k: None,
+            top_p: None,
+            seed: seed + id as u64,
+            stop_tokens: Vec::new(),
+        },
+        logprobs: None,
+    }
+}
+
+/// One round of `streams` slots: prefill tokens per second of the first admission, generated
+/// tokens per second (decoding steps only with one wave; with several, the whole time, later
+/// admissions included), and the share of that time spent in later admissions.
 fn round(
     lm: &RelationLm,
     args: &Args,
     streams: usize,
     seed: u64,
-) -> Result<(f64, f64), Box<dyn std::error::Error>> {
+) -> Result<(f64, f64, f64), Box<dyn std::error::Error>> {
     let mut rng = SplitMix64::new(seed);
-    let requests: Vec<Request> = (0..streams)
-        .map(|i| {
-            let len = args.context / 2 + rng.below(args.context.max(1));
-            Request {
-                id: i as u64,
-                prompt: (0..len).map(|_| rng.below(4096) as u32).collect(),
-                sampling: Sampling {
-                    max_new_tokens: new_tokens(args, i, streams),
-                    temperature: 1.0,
-                    top_k: None,
-                    top_p: None,
-                    seed: seed + i as u64,
-                    stop_tokens: Vec::new(),
-                },
-                logprobs: None,
-            }
-        })
+    let total = streams * args.waves.max(1);
+    let mut waiting: std::collections::VecDeque<Request> = (0..total)
+        .map(|id| request(args, &mut rng, id, id % streams, streams, seed))
         .collect();
-    let prompt_tokens: usize = requests.iter().map(|r| r.prompt.len()).sum();
+    let first: Vec<Request> = waiting.drain(..streams).collect();
+    let prompt_tokens: usize = first.iter().map(|r| r.prompt.len()).sum();
     let mut batch = DecodeBatch::new(lm, streams).with_cache_dtype(Some(args.cache_dtype))?;
     let start = Instant::now();
-    batch.admit(requests)?;
+    batch.admit(first)?;
     let prefill = prompt_tokens as f64 / start.elapsed().as_secs_f64();
     let start = Instant::now();
+    let mut admitting = 0f64;
     let mut tokens = 0usize;
     while !batch.is_empty() {
-        batch.step(&mut |_| {
+        let finished = batch.step(&mut |_| {
             tokens += 1;
             Next::Continue
         })?;
+        let arriving: Vec<Request> = waiting.drain(..finished.len().min(waiting.len())).collect();
+        if !arriving.is_empty() {
+            let at = Instant::now();
+            batch.admit(arriving)?;
+            admitting += at.elapsed().as_secs_f64();
+        }
     }
-    let want: usize = (0..streams).map(|i| new_tokens(args, i, streams)).sum();
-    assert_eq!(tokens, want, "every stream ran to its length");
-    Ok((prefill, tokens as f64 / start.elapsed().as_secs_f64()))
+    let want: usize = (0..total)
+        .map(|id| new_tokens(args, id % streams, streams))
+        .sum();
+    assert_eq!(tokens, want, "every request ran to its length");
+    let elapsed = start.elapsed().as_secs_f64();
+    Ok((prefill, tokens as f64 / elapsed, admitting / elapsed))
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -130,30 +164,41 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         args.repeats
     );
+    if args.waves > 1 {
+        println!(
+            "{} requests per slot, admitted as slots free up; tokens/s over the whole time",
+            args.waves
+        );
+    }
     println!(
-        "| pattern | streams | decode tok/s (all streams) | per stream tok/s | vs 1 stream | prefill tok/s |"
+        "| pattern | streams | decode tok/s (all streams) | per stream tok/s | vs 1 stream | prefill tok/s | time admitting |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for pattern in &args.patterns {
         let config = RelationLmConfig::new(4096, 256, 4, 8, 512).with_pattern(pattern.clone());
         device.seed(0);
         let lm: RelationLm = config.init(&device)?;
         round(&lm, &args, 1, 99)?; // warm-up
-        let mut best = vec![(0f64, 0f64); args.streams.len()];
+        // Per stream count: the best round's rate and its share of time admitting, and the
+        // best prefill rate.
+        let mut best = vec![(0f64, 0f64, 0f64); args.streams.len()];
         for r in 0..args.repeats {
             for (i, &streams) in args.streams.iter().enumerate() {
-                let (prefill, decode) =
+                let (prefill, decode, admitting) =
                     round(&lm, &args, streams, 1000 * r as u64 + streams as u64)?;
-                best[i].0 = best[i].0.max(decode);
+                if decode > best[i].0 {
+                    (best[i].0, best[i].2) = (decode, admitting);
+                }
                 best[i].1 = best[i].1.max(prefill);
             }
         }
         let single = args.streams.iter().position(|&s| s == 1).map(|i| best[i].0);
-        for (&streams, &(rate, prefill)) in args.streams.iter().zip(&best) {
+        for (&streams, &(rate, prefill, admitting)) in args.streams.iter().zip(&best) {
             println!(
-                "| {pattern} | {streams} | {rate:.1} | {:.1} | {} | {prefill:.0} |",
+                "| {pattern} | {streams} | {rate:.1} | {:.1} | {} | {prefill:.0} | {:.0} % |",
                 rate / streams as f64,
                 single.map_or("–".into(), |s| format!("{:.2}x", rate / s)),
+                100.0 * admitting,
             );
         }
     }
