@@ -1,12 +1,14 @@
 //! Sampling from a model with its cache: temperature, top-k, top-p, a seed, batches of prompts.
 
-use burn::tensor::{DType, Int, Tensor};
+use burn::tensor::{DType, Int, Tensor, TensorData};
+use relation_core::Segments;
 use relation_core::rng::SplitMix64;
+use relation_kernels::KernelError;
 
 use crate::batch::{DecodeBatch, Next, Request};
-use crate::cache::LmCache;
+use crate::cache::{LayerCache, LmCache};
 use crate::error::{ModelError, Result};
-use crate::model::{Mixer, RelationLm};
+use crate::model::{Mixer, RelationLm, norm};
 
 /// How tokens are drawn.
 #[derive(Debug, Clone, PartialEq)]
@@ -192,6 +194,87 @@ impl RelationLm {
             last = Some(h);
         }
         self.last_logits(last.expect("at least one chunk")) // [B, V]
+    }
+
+    /// Whether [`prefill_packed`](Self::prefill_packed) can run this model: every layer a Full
+    /// or a Linear Relation (the layers whose packed forward keeps each document apart and
+    /// whose caches it can hand back).
+    pub fn packs_prefill(&self) -> bool {
+        self.blocks
+            .iter()
+            .all(|b| matches!(b.mixer, Mixer::Full(_) | Mixer::Linear(_)))
+    }
+
+    /// Prefills prompts of any lengths in one pass, packed back to back as documents (each
+    /// computed as if alone: positions restart, no token reads another prompt, recurrent states
+    /// start from zero), into the empty `cache`, which then holds one sequence per prompt with
+    /// its own length (a batch of sequences of different lengths, as [`LmCache::join`] makes).
+    /// Returns each prompt's last logits. One pass over many short prompts keeps the products
+    /// as tall as one long prompt's, where prefilling them one by one would not.
+    ///
+    /// # Shapes
+    /// - `prompts`: `N` token sequences; output: `[N, V]`
+    ///
+    /// # Errors
+    /// A model with other layers than `F` and `L` ([`packs_prefill`](Self::packs_prefill)),
+    /// a cache that is not empty or is for another model ([`ModelError::Batch`],
+    /// [`ModelError::CacheMismatch`]); no prompt, an empty prompt or a token id outside the
+    /// vocabulary; operator errors.
+    pub fn prefill_packed(&self, prompts: &[&[u32]], cache: &mut LmCache) -> Result<Tensor<2>> {
+        if !self.packs_prefill() {
+            return Err(ModelError::Batch(
+                "a packed prefill takes models of Full and Linear Relation layers only".into(),
+            ));
+        }
+        if !cache.is_empty() || cache.layers.len() != self.blocks.len() {
+            return Err(ModelError::CacheMismatch(format!(
+                "a packed prefill fills an empty cache of {} layers",
+                self.blocks.len()
+            )));
+        }
+        if prompts.is_empty() {
+            return Err(ModelError::Zero { name: "prompts" });
+        }
+        let vocab = self.vocab_size();
+        let mut ids = Vec::new();
+        for prompt in prompts {
+            if prompt.is_empty() {
+                return Err(ModelError::Zero {
+                    name: "prompt length",
+                });
+            }
+            if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ModelError::TokenOutOfRange { token, vocab });
+            }
+            ids.extend(prompt.iter().map(|&t| i64::from(t)));
+        }
+        let lengths: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
+        let segments = Segments::from_lengths(&lengths).map_err(KernelError::from)?;
+        let total = segments.total();
+        let device = self.embedding.weight.val().device();
+        let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, total]), &device);
+        let mut h = self.embedding.forward(tokens); // [1, total, d]
+        for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+            let normed = norm(&block.norm_mixer, h.clone())?;
+            let (y, filled) = match &block.mixer {
+                Mixer::Full(m) => m.forward_packed_cached(normed, &segments)?,
+                Mixer::Linear(m) => {
+                    let (y, state) = m.forward_packed(normed, &segments)?;
+                    let lens = lengths.clone();
+                    (y, LayerCache::Linear { state, lens })
+                }
+                _ => unreachable!("packs_prefill checked every layer"),
+            };
+            *layer = filled;
+            h = h + y;
+            h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
+        }
+        cache.keep_storage();
+        // Each prompt's last position.
+        let last: Vec<i64> = segments.bounds().map(|(_, end)| end as i64 - 1).collect();
+        let last = Tensor::<1, Int>::from_data(TensorData::new(last, [prompts.len()]), &device);
+        let d = h.dims()[2];
+        self.head_rows(h.reshape([total, d]).select(0, last)) // [N, d] -> [N, V]
     }
 
     /// Continues every prompt by up to `sampling.max_new_tokens` tokens (fewer where a

@@ -27,7 +27,9 @@ pub mod learner;
 pub mod model;
 
 pub use activation_checkpointing::{CheckpointedStep, DEFAULT_LOSS_CHUNK};
-pub use batch::{DecodeBatch, Drawn, Finish, Next, Request};
+pub use batch::{
+    DecodeBatch, Drawn, Finish, Next, PACKED_PREFILL_BELOW, PACKED_PREFILL_TOKENS, Request,
+};
 pub use cache::{LayerCache, LmCache};
 pub use config::{MixerKind, RelationLmConfig};
 pub use error::{ModelError, Result};

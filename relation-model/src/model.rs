@@ -119,7 +119,7 @@ impl Mixer {
 ///
 /// # Shapes
 /// - `x`, output: `[B, T, d]`
-fn norm(norm: &RmsNorm, x: Tensor<3>) -> Result<Tensor<3>> {
+pub(crate) fn norm(norm: &RmsNorm, x: Tensor<3>) -> Result<Tensor<3>> {
     Ok(relation_kernels::rms_norm(
         x,
         norm.gamma.val(),

@@ -9,25 +9,25 @@
 //! every operation of its part on its own: at 16 sequences the operations are too small to
 //! split among threads without the threads waiting on each other more than they compute. A
 //! sequence that ends leaves the batch between two steps, and a waiting prompt joins it
-//! (prefilled on its own, then its cache joined to the others', with room reserved for the
-//! tokens the part's sequences may still draw, so that the steps write the cache in place
-//! instead of copying it to grow it): nobody waits for the longest sequence to finish. Each
-//! part also draws its sequences' next tokens on its own thread.
+//! (prefilled, in one packed pass with the other newcomers where the model allows, then its
+//! cache joined to the others', with room reserved for the tokens the part's sequences may
+//! still draw, so that the steps write the cache in place instead of copying it to grow it):
+//! nobody waits for the longest sequence to finish. Each part also draws its sequences' next
+//! tokens on its own thread.
 //!
 //! A sequence's tokens depend only on its prompt, its settings and its seed, not on which other
 //! sequences share its batch, up to the rounding of the batched products (greedy decoding gives
 //! the same tokens whenever the top two logits are not within that rounding of each other).
-
-use std::collections::BTreeMap;
 
 use burn::tensor::{DType, Int, Tensor, TensorData};
 use relation_core::rng::SplitMix64;
 
 use crate::cache::LmCache;
 use crate::error::{ModelError, Result};
-use crate::generate::{PREFILL_CHUNK, Sampling};
+use crate::generate::Sampling;
 use crate::model::RelationLm;
 
+mod admit;
 mod draw;
 
 use draw::Pick;
@@ -37,6 +37,15 @@ pub use draw::log_probs;
 /// join it ([`LmCache::join_reserving`]): enough for most requests' remaining tokens, so the
 /// per-token buffers are not copied as they grow; longer requests grow them beyond it.
 const RESERVE_AHEAD: usize = 1024;
+
+/// Prompt tokens per packed prefill pass at most, when several prompts join at once (see
+/// [`DecodeBatch::admit`]): enough for the products to be as tall as a long prompt's, few
+/// enough that a pass's activations stay small.
+pub const PACKED_PREFILL_TOKENS: usize = 16_384;
+
+/// Prompts of at least this many tokens are not packed with others: their products are tall
+/// already, and packing would only size every packed sequence's buffers to the longest.
+pub const PACKED_PREFILL_BELOW: usize = 512;
 
 /// A prompt waiting to be decoded.
 #[derive(Debug, Clone, PartialEq)]
@@ -266,132 +275,6 @@ impl<'m> DecodeBatch<'m> {
         if let Some(&token) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(ModelError::TokenOutOfRange { token, vocab });
         }
-        Ok(())
-    }
-
-    /// Prefills the `requests` and adds them to the batch: prompts of equal length are prefilled
-    /// together ([`RelationLm::prefill`], chunks of [`PREFILL_CHUNK`] where a pass cannot take
-    /// the whole prompt), then joined to the batch's caches. A request with `max_new_tokens` 0
-    /// is not added.
-    ///
-    /// # Errors
-    /// More requests than [`DecodeBatch::room`] ([`ModelError::Batch`]); as
-    /// [`DecodeBatch::check`]. Nothing is added then.
-    pub fn admit(&mut self, requests: Vec<Request>) -> Result<()> {
-        if requests.len() > self.room() {
-            return Err(ModelError::Batch(format!(
-                "{} sequences do not fit: the batch holds {} of at most {}",
-                requests.len(),
-                self.len(),
-                self.capacity
-            )));
-        }
-        for request in &requests {
-            Self::check(self.model, request)?;
-        }
-        let device = self.model.embedding.weight.val().device();
-        let mut groups: BTreeMap<usize, Vec<Request>> = BTreeMap::new();
-        for request in requests {
-            if request.sampling.max_new_tokens > 0 {
-                groups
-                    .entry(request.prompt.len())
-                    .or_default()
-                    .push(request);
-            }
-        }
-        let vocab = self.model.vocab_size();
-        let mut admitted: Vec<(LmCache, Vec<Row>)> = Vec::new();
-        for (len, group) in groups {
-            let ids: Vec<i64> = group
-                .iter()
-                .flat_map(|r| r.prompt.iter().map(|&t| t as i64))
-                .collect();
-            let ids =
-                Tensor::<2, Int>::from_data(TensorData::new(ids, [group.len(), len]), &device); // [n, len]
-            let mut cache = self.fresh_cache();
-            // The whole pool prefills (a prompt is many tokens), whatever the parts.
-            let logits = self.model.prefill(ids, &mut cache, PREFILL_CHUNK)?; // [n, V]
-            let logits: Vec<f32> = logits.into_data().iter::<f32>().collect();
-            let rows = group
-                .into_iter()
-                .zip(logits.chunks(vocab))
-                .map(|(request, logits)| Row {
-                    rng: SplitMix64::new(request.sampling.seed),
-                    request,
-                    logits: logits.to_vec(),
-                    drawn: 0,
-                })
-                .collect();
-            admitted.push((cache, rows));
-        }
-        // Each new sequence joins the part with the fewest (the first such part on a tie).
-        let mut joining: Vec<(Vec<LmCache>, Vec<Row>)> =
-            (0..self.parts.len()).map(|_| Default::default()).collect();
-        let mut sizes: Vec<usize> = self.parts.iter().map(|p| p.rows.len()).collect();
-        for (cache, rows) in admitted {
-            let mut at: Vec<Vec<usize>> = vec![Vec::new(); self.parts.len()];
-            for (i, row) in rows.into_iter().enumerate() {
-                let part = (0..sizes.len()).min_by_key(|&p| sizes[p]).unwrap_or(0);
-                sizes[part] += 1;
-                at[part].push(i);
-                joining[part].1.push(row);
-            }
-            for (part, picked) in at.into_iter().enumerate() {
-                if picked.len() == cache.lens().len() {
-                    joining[part].0.push(cache);
-                    break;
-                }
-                if !picked.is_empty() {
-                    joining[part].0.push(cache.select(&picked)?);
-                }
-            }
-        }
-        for (part, (caches, rows)) in joining.into_iter().enumerate() {
-            if !rows.is_empty() {
-                self.join_into(part, caches, rows)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Appends sequences to part `part`: their caches (`caches`, in order) joined after the
-    /// part's, their rows after its rows.
-    ///
-    /// # Errors
-    /// A cache error; the batch is empty afterwards (the part's cache is gone).
-    fn join_into(&mut self, part: usize, mut caches: Vec<LmCache>, rows: Vec<Row>) -> Result<()> {
-        let fresh = self.fresh_cache();
-        let current = std::mem::replace(&mut self.parts[part].cache, fresh);
-        if !current.is_empty() {
-            caches.insert(0, current);
-        }
-        // Room for every sequence's remaining tokens (up to RESERVE_AHEAD past the longest), so
-        // that decoding writes in place instead of growing the buffers.
-        let lens: Vec<usize> = caches.iter().flat_map(|c| c.lens().to_vec()).collect();
-        let longest = lens.iter().copied().max().unwrap_or(0);
-        let reserve = self.parts[part]
-            .rows
-            .iter()
-            .chain(&rows)
-            .zip(&lens)
-            .map(|(row, len)| {
-                len + row
-                    .request
-                    .sampling
-                    .max_new_tokens
-                    .saturating_sub(row.drawn)
-            })
-            .max()
-            .unwrap_or(0)
-            .min(longest + RESERVE_AHEAD);
-        self.parts[part].cache = match LmCache::join_reserving(caches, reserve) {
-            Ok(cache) => cache,
-            Err(e) => {
-                self.clear();
-                return Err(e);
-            }
-        };
-        self.parts[part].rows.extend(rows);
         Ok(())
     }
 

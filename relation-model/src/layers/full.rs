@@ -3,7 +3,7 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
-use burn::tensor::{Device, Tensor};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use relation_core::{RopePositions, Segments, naive_exchange_only_rows, naive_relation_rows};
 use relation_kernels::{
     CachedRows, FlashInputs, Strategy, flash_exchange_only, flash_exchange_only_decode,
@@ -141,6 +141,31 @@ impl MultiHeadRelation {
         self.relation(FlashInputs::new(p1, p2, info).packed(segments.clone()))
     }
 
+    /// [`forward_packed`](Self::forward_packed) that also returns each document's Relation
+    /// Cache (a prefill of prompts of different lengths in one pass): rows `0..len` of sequence
+    /// `i` hold document `i`'s rotated `P2` and `Ĩ`, as prefilling it alone would leave them.
+    ///
+    /// # Shapes
+    /// - `x`: `[1, total, d]`, output: `[1, total, d]`; the cache `[N, max len, H, D]` buffers
+    ///
+    /// # Errors
+    /// As [`forward_packed`](Self::forward_packed).
+    pub fn forward_packed_cached(
+        &self,
+        x: Tensor<3>,
+        segments: &Segments,
+    ) -> crate::Result<(Tensor<3>, LayerCache)> {
+        let positions = RopePositions::Packed(segments.clone());
+        let (p1, p2, info) = self.projection.forward_at(x, &positions)?;
+        let cache = LayerCache::Full {
+            p2: unpack(p2.clone(), segments),
+            info: unpack(info.clone(), segments),
+            lens: segments.lengths().collect(),
+        };
+        let y = self.relation(FlashInputs::new(p1, p2, info).packed(segments.clone()))?;
+        Ok((y, cache))
+    }
+
     /// Incremental forward with the Relation Cache: appends the new tokens' rotated `P2` and `Ĩ`
     /// to `cache` and computes their rows against everything cached.
     ///
@@ -189,4 +214,21 @@ impl MultiHeadRelation {
         };
         dense(&self.wo, merge_heads(y))
     }
+}
+
+/// The rows of a packed `[1, total, H, D]` tensor as one sequence per document, `[N, C, H, D]`
+/// with `C` the longest document: rows `0..len` of sequence `i` are document `i`'s, the rest
+/// repeat its first row (spare rows, never read: a cache reads its filled rows only).
+fn unpack(packed: Tensor<4>, segments: &Segments) -> Tensor<4> {
+    let [_, total, h, d] = packed.dims();
+    let (n, c) = (segments.count(), segments.max_len());
+    let rows: Vec<i64> = segments
+        .bounds()
+        .flat_map(|(start, end)| (0..c).map(move |t| (start + t.min(end - start - 1)) as i64))
+        .collect();
+    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [n * c]), &packed.device());
+    packed
+        .reshape([total, h * d])
+        .select(0, rows) // [N·C, H·D]
+        .reshape([n, c, h, d])
 }

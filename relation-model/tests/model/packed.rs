@@ -99,3 +99,129 @@ fn packed_forward_refuses_segments_that_do_not_cover_the_row() {
     let two_rows = tokens(2, 7, config.vocab_size, 1, &device);
     assert!(lm.forward_packed(two_rows, &short).is_err());
 }
+
+/// Prompts of lengths 1, 7, 20 and 63 prefilled in one packed pass
+/// ([`RelationLm::prefill_packed`]): each prompt's last logits and cache (its filled rows of `P2`
+/// and `Ĩ`, its Linear Relation state) equal prefilling it alone, and four decoding steps of the
+/// packed cache (a batch of sequences of different lengths) equal each prompt stepped alone.
+fn check_packed_prefill(device: &Device, pattern: &str, config: &relation_model::RelationLmConfig) {
+    use relation_model::LayerCache;
+    let lm = model(config, device);
+    let tol = tolerance(burn::tensor::DType::F32, Check::Forward);
+    let prompts: Vec<Vec<u32>> = [1usize, 7, 20, 63]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let t = tokens(1, n, 97, 31 + i as u64, device);
+            t.into_data().iter::<i64>().map(|x| x as u32).collect()
+        })
+        .collect();
+    let ids = |tokens: &[u32], rows: usize| {
+        let data: Vec<i64> = tokens.iter().map(|&t| t as i64).collect();
+        Tensor::<2, Int>::from_data(TensorData::new(data, [rows, tokens.len() / rows]), device)
+    };
+    let slices: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let mut packed = lm.new_cache();
+    let logits = lm.prefill_packed(&slices, &mut packed).unwrap(); // [4, V]
+    assert_eq!(packed.lens(), &[1, 7, 20, 63], "{pattern}: lengths");
+    let mut alone = Vec::new();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let mut cache = lm.new_cache();
+        let own = lm.prefill(ids(prompt, 1), &mut cache, 2048).unwrap(); // [1, V]
+        let what = format!("{pattern}: prompt {i}");
+        assert_close(&what, &logits.clone().narrow(0, i, 1), &own, tol);
+        for (layer, (p, a)) in packed.layers.iter().zip(&cache.layers).enumerate() {
+            let what = format!("{what}, layer {layer}");
+            let len = prompt.len();
+            match (p, a) {
+                (
+                    LayerCache::Full { p2, info, .. },
+                    LayerCache::Full {
+                        p2: p2_alone,
+                        info: info_alone,
+                        ..
+                    },
+                ) => {
+                    let own_rows = |t: &Tensor<4>| t.clone().narrow(0, i, 1).narrow(1, 0, len);
+                    assert_close(&format!("{what} P2"), &own_rows(p2), p2_alone, tol);
+                    assert_close(&format!("{what} info"), &own_rows(info), info_alone, tol);
+                }
+                (LayerCache::Linear { state, .. }, LayerCache::Linear { state: own, .. }) => {
+                    assert_close(
+                        &format!("{what} state"),
+                        &state.clone().narrow(0, i, 1),
+                        own,
+                        tol,
+                    );
+                }
+                _ => panic!("{what}: caches of different kinds"),
+            }
+        }
+        alone.push(cache);
+    }
+    for step in 0..4u32 {
+        let next: Vec<u32> = (0..4).map(|i| (step * 11 + i * 7) % 97).collect();
+        let together = lm.forward_cached(ids(&next, 4), &mut packed).unwrap(); // [4, 1, V]
+        for (i, cache) in alone.iter_mut().enumerate() {
+            let own = lm.forward_cached(ids(&next[i..i + 1], 1), cache).unwrap();
+            assert_close(
+                &format!("{pattern}: prompt {i} at step {step}"),
+                &together.clone().narrow(0, i, 1),
+                &own,
+                tol,
+            );
+        }
+    }
+}
+
+#[test]
+fn a_packed_prefill_equals_each_prompt_prefilled_alone() {
+    let device = Device::flex();
+    for pattern in ["F", "L", "LLLF", "FL"] {
+        check_packed_prefill(&device, pattern, &tiny(pattern, 2));
+    }
+    let exchange_only = tiny("F", 2).with_exchange_only(true);
+    check_packed_prefill(&device, "F exchange-only", &exchange_only);
+    #[cfg(feature = "wgpu")]
+    check_packed_prefill(
+        &Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+        "LLLF on wgpu",
+        &tiny("LLLF", 2),
+    );
+}
+
+/// What a packed prefill refuses, each with its typed error and the cache left as it was.
+#[test]
+fn a_packed_prefill_refuses_what_it_cannot_run() {
+    use relation_model::ModelError;
+    let device = Device::flex();
+    let lm = model(&tiny("LLLF", 2), &device);
+    let mut cache = lm.new_cache();
+    let err = |r: relation_model::Result<Tensor<2>>| r.expect_err("refused");
+    assert!(matches!(
+        err(lm.prefill_packed(&[], &mut cache)),
+        ModelError::Zero { name: "prompts" }
+    ));
+    assert!(matches!(
+        err(lm.prefill_packed(&[&[1, 2], &[]], &mut cache)),
+        ModelError::Zero {
+            name: "prompt length"
+        }
+    ));
+    assert!(matches!(
+        err(lm.prefill_packed(&[&[1, 2], &[3, 1000]], &mut cache)),
+        ModelError::TokenOutOfRange { token: 1000, .. }
+    ));
+    assert!(cache.is_empty(), "nothing cached after a refusal");
+    lm.prefill_packed(&[&[1, 2, 3], &[4]], &mut cache).unwrap();
+    assert!(matches!(
+        err(lm.prefill_packed(&[&[5]], &mut cache)),
+        ModelError::CacheMismatch(_)
+    ));
+    let attention = model(&tiny("LA", 2), &device);
+    assert!(!attention.packs_prefill());
+    assert!(matches!(
+        err(attention.prefill_packed(&[&[1]], &mut attention.new_cache())),
+        ModelError::Batch(_)
+    ));
+}
