@@ -197,12 +197,15 @@ impl RelationLm {
     }
 
     /// Whether [`prefill_packed`](Self::prefill_packed) can run this model: every layer a Full
-    /// or a Linear Relation (the layers whose packed forward keeps each document apart and
-    /// whose caches it can hand back).
+    /// Relation, a Linear Relation or attention (the layers whose caches a packed forward hands
+    /// back).
     pub fn packs_prefill(&self) -> bool {
-        self.blocks
-            .iter()
-            .all(|b| matches!(b.mixer, Mixer::Full(_) | Mixer::Linear(_)))
+        self.blocks.iter().all(|b| {
+            matches!(
+                b.mixer,
+                Mixer::Full(_) | Mixer::Linear(_) | Mixer::Attention(_)
+            )
+        })
     }
 
     /// Prefills prompts of any lengths in one pass, packed back to back as documents (each
@@ -216,14 +219,14 @@ impl RelationLm {
     /// - `prompts`: `N` token sequences; output: `[N, V]`
     ///
     /// # Errors
-    /// A model with other layers than `F` and `L` ([`packs_prefill`](Self::packs_prefill)),
+    /// A model with other layers than `F`, `L` and `A` ([`packs_prefill`](Self::packs_prefill)),
     /// a cache that is not empty or is for another model ([`ModelError::Batch`],
     /// [`ModelError::CacheMismatch`]); no prompt, an empty prompt or a token id outside the
     /// vocabulary; operator errors.
     pub fn prefill_packed(&self, prompts: &[&[u32]], cache: &mut LmCache) -> Result<Tensor<2>> {
         if !self.packs_prefill() {
             return Err(ModelError::Batch(
-                "a packed prefill takes models of Full and Linear Relation layers only".into(),
+                "a packed prefill takes models of F, L and A layers only".into(),
             ));
         }
         if !cache.is_empty() || cache.layers.len() != self.blocks.len() {
@@ -258,6 +261,7 @@ impl RelationLm {
             let normed = norm(&block.norm_mixer, h.clone())?;
             let (y, filled) = match &block.mixer {
                 Mixer::Full(m) => m.forward_packed_cached(normed, &segments)?,
+                Mixer::Attention(m) => m.forward_packed_cached(normed, &segments)?,
                 Mixer::Linear(m) => {
                     let (y, state) = m.forward_packed(normed, &segments)?;
                     let lens = lengths.clone();

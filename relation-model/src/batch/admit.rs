@@ -14,8 +14,8 @@ use crate::error::{ModelError, Result};
 use crate::generate::PREFILL_CHUNK;
 
 impl DecodeBatch<'_> {
-    /// Prefills the `requests` and adds them to the batch: for a model of Full and Linear
-    /// Relation layers, prompts shorter than [`PACKED_PREFILL_BELOW`] together whatever their
+    /// Prefills the `requests` and adds them to the batch: for a model of Full Relation,
+    /// Linear Relation and attention layers, prompts shorter than [`PACKED_PREFILL_BELOW`] together whatever their
     /// lengths in packed passes ([`prefill_packed`], up to [`PACKED_PREFILL_TOKENS`] per pass);
     /// other prompts (every prompt, for other models) with those of equal length ([`prefill`],
     /// chunks of [`PREFILL_CHUNK`] where a pass cannot take the whole prompt); then joins them to
@@ -105,7 +105,7 @@ impl DecodeBatch<'_> {
         Ok(())
     }
 
-    /// The prefill passes of `requests`: for a model of Full and Linear Relation layers, prompts
+    /// The prefill passes of `requests`: for a model of `F`, `L` and `A` layers, prompts
     /// shorter than [`PACKED_PREFILL_BELOW`] packed together whatever their lengths, up to
     /// [`PACKED_PREFILL_TOKENS`] per pass; the others (every prompt, for other models) with
     /// those of equal length. `true` marks a packed pass.

@@ -7,7 +7,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
 use relation_core::{RopePositions, Segments};
 
-use super::{QkvProjection, dense, linear, merge_heads};
+use super::{QkvProjection, dense, linear, merge_heads, unpack};
 use crate::cache::LayerCache;
 
 heads_config! {
@@ -85,6 +85,43 @@ impl CausalSelfAttention {
         let (q, k, v) = self
             .qkv
             .forward_at(x, &RopePositions::Packed(segments.clone()))?; // [1, total, H, D] each
+        self.packed(q, k, v, segments)
+    }
+
+    /// [`forward_packed`](Self::forward_packed) that also returns each document's K/V cache (a
+    /// prefill of prompts of different lengths in one pass): rows `0..len` of sequence `i` hold
+    /// document `i`'s rotated keys and values, as prefilling it alone would leave them.
+    ///
+    /// # Shapes
+    /// - `x`: `[1, total, d]`, output: `[1, total, d]`; the cache `[N, max len, H, D]` buffers
+    ///
+    /// # Errors
+    /// As [`forward_packed`](Self::forward_packed).
+    pub fn forward_packed_cached(
+        &self,
+        x: Tensor<3>,
+        segments: &Segments,
+    ) -> crate::Result<(Tensor<3>, LayerCache)> {
+        let (q, k, v) = self
+            .qkv
+            .forward_at(x, &RopePositions::Packed(segments.clone()))?; // [1, total, H, D] each
+        let cache = LayerCache::Attention {
+            k: unpack(k.clone(), segments),
+            v: unpack(v.clone(), segments),
+            lens: segments.lengths().collect(),
+        };
+        Ok((self.packed(q, k, v, segments)?, cache))
+    }
+
+    /// The block-diagonal attention of [`forward_packed`](Self::forward_packed) from its
+    /// rotated `q`, `k`, `v` (`[1, total, H, D]` each), then the output projection.
+    fn packed(
+        &self,
+        q: Tensor<4>,
+        k: Tensor<4>,
+        v: Tensor<4>,
+        segments: &Segments,
+    ) -> crate::Result<Tensor<3>> {
         let [_, total, h, d] = q.dims();
         let causal = AttentionModuleOptions {
             scale: None,

@@ -3,14 +3,14 @@
 use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 use relation_core::{RopePositions, Segments, naive_exchange_only_rows, naive_relation_rows};
 use relation_kernels::{
     CachedRows, FlashInputs, Strategy, flash_exchange_only, flash_exchange_only_decode,
     flash_relation, flash_relation_decode,
 };
 
-use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads};
+use super::{RelationProjection, RelationProjectionConfig, dense, linear, merge_heads, unpack};
 use crate::cache::LayerCache;
 
 /// Configuration of a [`MultiHeadRelation`] layer.
@@ -214,21 +214,4 @@ impl MultiHeadRelation {
         };
         dense(&self.wo, merge_heads(y))
     }
-}
-
-/// The rows of a packed `[1, total, H, D]` tensor as one sequence per document, `[N, C, H, D]`
-/// with `C` the longest document: rows `0..len` of sequence `i` are document `i`'s, the rest
-/// repeat its first row (spare rows, never read: a cache reads its filled rows only).
-fn unpack(packed: Tensor<4>, segments: &Segments) -> Tensor<4> {
-    let [_, total, h, d] = packed.dims();
-    let (n, c) = (segments.count(), segments.max_len());
-    let rows: Vec<i64> = segments
-        .bounds()
-        .flat_map(|(start, end)| (0..c).map(move |t| (start + t.min(end - start - 1)) as i64))
-        .collect();
-    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [n * c]), &packed.device());
-    packed
-        .reshape([total, h * d])
-        .select(0, rows) // [N·C, H·D]
-        .reshape([n, c, h, d])
 }

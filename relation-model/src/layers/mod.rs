@@ -61,8 +61,8 @@ pub use retention::{Retention, RetentionConfig};
 pub use swiglu::SwiGlu;
 
 use burn::nn::{Linear, LinearConfig};
-use burn::tensor::{Device, Tensor};
-use relation_core::{RopePositions, WeightLayout};
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use relation_core::{RopePositions, Segments, WeightLayout};
 use relation_kernels::Strategy;
 
 /// A bias-free linear layer `d_in -> d_out`.
@@ -159,4 +159,21 @@ pub(crate) fn rope_heads(
 pub(crate) fn head_norm(x: Tensor<4>) -> Tensor<4> {
     let rms = (x.clone().powi_scalar(2).mean_dim(3) + 1e-6).sqrt(); // [B, T, H, 1]
     x / rms
+}
+
+/// The rows of a packed `[1, total, H, D]` tensor as one sequence per document, `[N, C, H, D]`
+/// with `C` the longest document: rows `0..len` of sequence `i` are document `i`'s, the rest
+/// repeat its last row (spare rows, never read: a cache reads its filled rows only).
+pub(crate) fn unpack(packed: Tensor<4>, segments: &Segments) -> Tensor<4> {
+    let [_, total, h, d] = packed.dims();
+    let (n, c) = (segments.count(), segments.max_len());
+    let rows: Vec<i64> = segments
+        .bounds()
+        .flat_map(|(start, end)| (0..c).map(move |t| (start + t.min(end - start - 1)) as i64))
+        .collect();
+    let rows = Tensor::<1, Int>::from_data(TensorData::new(rows, [n * c]), &packed.device());
+    packed
+        .reshape([total, h * d])
+        .select(0, rows) // [N·C, H·D]
+        .reshape([n, c, h, d])
 }

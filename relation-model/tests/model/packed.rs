@@ -102,7 +102,7 @@ fn packed_forward_refuses_segments_that_do_not_cover_the_row() {
 
 /// Prompts of lengths 1, 7, 20 and 63 prefilled in one packed pass
 /// ([`RelationLm::prefill_packed`]): each prompt's last logits and cache (its filled rows of `P2`
-/// and `Ĩ`, its Linear Relation state) equal prefilling it alone, and four decoding steps of the
+/// and `Ĩ`, of `K` and `V`, its Linear Relation state) equal prefilling it alone, and four decoding steps of the
 /// packed cache (a batch of sequences of different lengths) equal each prompt stepped alone.
 fn check_packed_prefill(device: &Device, pattern: &str, config: &relation_model::RelationLmConfig) {
     use relation_model::LayerCache;
@@ -146,6 +146,18 @@ fn check_packed_prefill(device: &Device, pattern: &str, config: &relation_model:
                     assert_close(&format!("{what} P2"), &own_rows(p2), p2_alone, tol);
                     assert_close(&format!("{what} info"), &own_rows(info), info_alone, tol);
                 }
+                (
+                    LayerCache::Attention { k, v, .. },
+                    LayerCache::Attention {
+                        k: k_alone,
+                        v: v_alone,
+                        ..
+                    },
+                ) => {
+                    let own_rows = |t: &Tensor<4>| t.clone().narrow(0, i, 1).narrow(1, 0, len);
+                    assert_close(&format!("{what} K"), &own_rows(k), k_alone, tol);
+                    assert_close(&format!("{what} V"), &own_rows(v), v_alone, tol);
+                }
                 (LayerCache::Linear { state, .. }, LayerCache::Linear { state: own, .. }) => {
                     assert_close(
                         &format!("{what} state"),
@@ -177,7 +189,7 @@ fn check_packed_prefill(device: &Device, pattern: &str, config: &relation_model:
 #[test]
 fn a_packed_prefill_equals_each_prompt_prefilled_alone() {
     let device = Device::flex();
-    for pattern in ["F", "L", "LLLF", "FL"] {
+    for pattern in ["F", "L", "A", "LLLF", "FL", "LA"] {
         check_packed_prefill(&device, pattern, &tiny(pattern, 2));
     }
     let exchange_only = tiny("F", 2).with_exchange_only(true);
@@ -218,10 +230,13 @@ fn a_packed_prefill_refuses_what_it_cannot_run() {
         err(lm.prefill_packed(&[&[5]], &mut cache)),
         ModelError::CacheMismatch(_)
     ));
-    let attention = model(&tiny("LA", 2), &device);
-    assert!(!attention.packs_prefill());
-    assert!(matches!(
-        err(attention.prefill_packed(&[&[1]], &mut attention.new_cache())),
-        ModelError::Batch(_)
-    ));
+    assert!(lm.packs_prefill());
+    for pattern in ["LN", "R", "FK"] {
+        let other = model(&tiny(pattern, 2), &device);
+        assert!(!other.packs_prefill(), "{pattern}");
+        assert!(matches!(
+            err(other.prefill_packed(&[&[1]], &mut other.new_cache())),
+            ModelError::Batch(_)
+        ));
+    }
 }
