@@ -196,6 +196,24 @@ impl RelationLm {
         self.last_logits(last.expect("at least one chunk")) // [B, V]
     }
 
+    /// Checks a prompt: at least one token, every token in the vocabulary.
+    ///
+    /// # Errors
+    /// [`ModelError::Zero`] for an empty prompt, [`ModelError::TokenOutOfRange`] naming the first
+    /// token outside the vocabulary.
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        if prompt.is_empty() {
+            return Err(ModelError::Zero {
+                name: "prompt length",
+            });
+        }
+        let vocab = self.vocab_size();
+        match prompt.iter().find(|&&t| t as usize >= vocab) {
+            Some(&token) => Err(ModelError::TokenOutOfRange { token, vocab }),
+            None => Ok(()),
+        }
+    }
+
     /// Whether [`prefill_packed`](Self::prefill_packed) can run this model: every layer a Full
     /// Relation, a Linear Relation or attention (the layers whose caches a packed forward hands
     /// back).
@@ -238,26 +256,22 @@ impl RelationLm {
         if prompts.is_empty() {
             return Err(ModelError::Zero { name: "prompts" });
         }
-        let vocab = self.vocab_size();
-        let mut ids = Vec::new();
         for prompt in prompts {
-            if prompt.is_empty() {
-                return Err(ModelError::Zero {
-                    name: "prompt length",
-                });
-            }
-            if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab) {
-                return Err(ModelError::TokenOutOfRange { token, vocab });
-            }
-            ids.extend(prompt.iter().map(|&t| i64::from(t)));
+            self.check_prompt(prompt)?;
         }
+        let ids: Vec<i64> = prompts
+            .iter()
+            .flat_map(|p| p.iter().map(|&t| i64::from(t)))
+            .collect();
         let lengths: Vec<usize> = prompts.iter().map(|p| p.len()).collect();
         let segments = Segments::from_lengths(&lengths).map_err(KernelError::from)?;
         let total = segments.total();
         let device = self.embedding.weight.val().device();
         let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, total]), &device);
         let mut h = self.embedding.forward(tokens); // [1, total, d]
-        for (block, layer) in self.blocks.iter().zip(cache.layers.iter_mut()) {
+        // The layers' caches, stored only once every layer has run (an error leaves `cache` empty).
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for block in &self.blocks {
             let normed = norm(&block.norm_mixer, h.clone())?;
             let (y, filled) = match &block.mixer {
                 Mixer::Full(m) => m.forward_packed_cached(normed, &segments)?,
@@ -269,10 +283,11 @@ impl RelationLm {
                 }
                 _ => unreachable!("packs_prefill checked every layer"),
             };
-            *layer = filled;
+            layers.push(filled);
             h = h + y;
             h = h.clone() + block.ffn.forward(norm(&block.norm_ffn, h)?)?;
         }
+        cache.layers = layers;
         cache.keep_storage();
         // Each prompt's last position.
         let last: Vec<i64> = segments.bounds().map(|(_, end)| end as i64 - 1).collect();

@@ -37,7 +37,7 @@ use crate::flex::{
 };
 
 /// Positions read ahead by software prefetch (rows of `H·D` values).
-pub(super) const AHEAD: usize = 4;
+const AHEAD: usize = 4;
 /// Positions per block, at most.
 const MAX_BLOCK: usize = 4096;
 /// Positions per sub-block: their scores are computed first, then SiLU and the exponentials run

@@ -21,14 +21,15 @@ use std::arch::x86_64::{
 };
 
 use super::flex::{Block, CacheElem, Partial, SUB, Width, weigh};
-use crate::flex::Fused;
 use crate::flex::simd::{FlexSimd, flex_simd};
+use crate::flex::{Fused, prefetch_l2};
 
 /// f32 values per vector.
 const V: usize = 8;
 /// Vectors of one head's `Ĩ` kept in registers at a time by the values step.
 const ACC: usize = 4;
-/// Positions read ahead by software prefetch, into L2 (see [`prefetch_l2`]).
+/// Positions read ahead by software prefetch, into L2 ([`prefetch_l2`]; the distances and
+/// cache levels tried are compared in `docs/bench/long-context.md`).
 const AHEAD: usize = 16;
 
 /// Whether [`block`] may run for heads of `head_dim` values: the Flex kernels not held to the
@@ -83,6 +84,12 @@ fn eight<T>(s: &[T]) -> &[T; V] {
     s[..V].try_into().expect("eight values")
 }
 
+/// `s[..V]` as a mutable array.
+#[inline(always)]
+fn eight_mut(s: &mut [f32]) -> &mut [f32; V] {
+    (&mut s[..V]).try_into().expect("eight values")
+}
+
 /// The sums of the lanes of each of the eight vectors, in one vector (`out[i] = Σ a[i]`): pairs
 /// of lanes, then quadruples, by horizontal adds, then the two 128-bit halves added.
 #[inline]
@@ -116,7 +123,7 @@ fn scores<T: CacheElem>(query: &[f32], key: &[T], d: usize, scale: f32, out: &mu
     }
     let sums = _mm256_mul_ps(reduce(acc), _mm256_set1_ps(scale));
     if n == V {
-        store((&mut out[..V]).try_into().expect("eight scores"), sums);
+        store(eight_mut(out), sums);
     } else {
         let mut all = [0f32; V];
         store(&mut all, sums);
@@ -186,31 +193,10 @@ pub(super) unsafe fn block<T: CacheElem>(block: Block<'_, T>) -> Partial {
                     }
                 }
                 for (k, a) in acc.iter().enumerate().take(vectors) {
-                    store(
-                        (&mut z[at + k * V..at + (k + 1) * V])
-                            .try_into()
-                            .expect("8"),
-                        *a,
-                    );
+                    store(eight_mut(&mut z[at + k * V..]), *a);
                 }
             }
         }
     }
     Partial { m, l, z }
-}
-
-/// Requests the cache lines of `x` into L2 (`prefetcht1`): far enough ahead ([`AHEAD`]
-/// positions) for memory's latency, and not into L1, whose few line-fill buffers the demand
-/// loads need.
-#[allow(unsafe_code)]
-#[inline(always)]
-fn prefetch_l2<T>(x: &[T]) {
-    for line in x.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
-        // SAFETY: `prefetcht1` (SSE, in every x86-64 CPU) only hints; the address is in `x`.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
 }

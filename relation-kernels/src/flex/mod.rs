@@ -47,5 +47,7 @@ pub(crate) use layout::{
     transpose_heads, with_f32,
 };
 pub(crate) use math::{LANES, exp, max_of, sigmoid, silu};
-pub(crate) use simd::{Fused, MulAdd, Unfused, Vectorized, prefetch, vectorized, vectorized_as};
+pub(crate) use simd::{
+    Fused, MulAdd, Unfused, Vectorized, prefetch, prefetch_l2, vectorized, vectorized_as,
+};
 pub(crate) use tile::{Mat, Strided, Triangle, gemm};

@@ -205,15 +205,30 @@ pub(crate) fn arch() -> pulp::Arch {
 #[inline(always)]
 pub(crate) fn prefetch<T>(x: &[T]) {
     #[cfg(target_arch = "x86_64")]
-    for line in x.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
-        // SAFETY: `prefetcht0` (SSE, in every x86-64 CPU) only hints; the address is in `x`.
-        #[allow(unsafe_code)]
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            );
-        }
-    }
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T0 }, T>(x);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = x;
+}
+
+/// [`prefetch`] into L2, not L1 (`prefetcht1`): for a stream read far ahead, whose requests
+/// into L1 would hold the few line-fill buffers the demand loads need.
+#[inline(always)]
+pub(crate) fn prefetch_l2<T>(x: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    prefetch_hint::<{ std::arch::x86_64::_MM_HINT_T1 }, T>(x);
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = x;
+}
+
+/// One `prefetch` hint of kind `HINT` per 64-byte line of `x`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_hint<const HINT: i32, T>(x: &[T]) {
+    for line in x.chunks((64 / std::mem::size_of::<T>().max(1)).max(1)) {
+        // SAFETY: `prefetch` (SSE, in every x86-64 CPU) only hints; the address is in `x`.
+        #[allow(unsafe_code)]
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<HINT>(line.as_ptr().cast());
+        }
+    }
 }

@@ -14,12 +14,13 @@ use crate::error::{ModelError, Result};
 use crate::generate::PREFILL_CHUNK;
 
 impl DecodeBatch<'_> {
-    /// Prefills the `requests` and adds them to the batch: for a model of Full Relation,
-    /// Linear Relation and attention layers, prompts shorter than [`PACKED_PREFILL_BELOW`] together whatever their
-    /// lengths in packed passes ([`prefill_packed`], up to [`PACKED_PREFILL_TOKENS`] per pass);
-    /// other prompts (every prompt, for other models) with those of equal length ([`prefill`],
-    /// chunks of [`PREFILL_CHUNK`] where a pass cannot take the whole prompt); then joins them to
-    /// the batch's caches. A request with `max_new_tokens` 0 is not added.
+    /// Prefills the `requests` and adds them to the batch: for a model of Full Relation, Linear
+    /// Relation and attention layers, prompts shorter than [`PACKED_PREFILL_BELOW`] together
+    /// whatever their lengths in packed passes ([`prefill_packed`], up to
+    /// [`PACKED_PREFILL_TOKENS`] per pass); other prompts (every prompt, for other models) with
+    /// those of equal length ([`prefill`], chunks of [`PREFILL_CHUNK`] where a pass cannot take
+    /// the whole prompt); then joins them to the batch's caches. A request with
+    /// `max_new_tokens` 0 is not added.
     ///
     /// [`prefill_packed`]: crate::RelationLm::prefill_packed
     /// [`prefill`]: crate::RelationLm::prefill

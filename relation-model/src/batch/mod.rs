@@ -266,16 +266,7 @@ impl<'m> DecodeBatch<'m> {
     /// [`ModelError::Zero`], [`ModelError::TokenOutOfRange`], [`ModelError::Sampling`].
     pub fn check(model: &RelationLm, request: &Request) -> Result<()> {
         request.sampling.validate()?;
-        if request.prompt.is_empty() {
-            return Err(ModelError::Zero {
-                name: "prompt length",
-            });
-        }
-        let vocab = model.vocab_size();
-        if let Some(&token) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(ModelError::TokenOutOfRange { token, vocab });
-        }
-        Ok(())
+        model.check_prompt(&request.prompt)
     }
 
     /// One step: draws a token for every sequence, hands each to `on_token` (in batch order),
