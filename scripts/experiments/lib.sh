@@ -26,6 +26,21 @@ ensure_bin() {
   fi
 }
 
+# Appends one line to $1.machines (beside the run folder, so a fresh run's folder stays empty):
+# when, where and at which step the run $1 starts or resumes, so the page can say which CPU ran
+# which part of it.
+note_machine() {
+  local cpu avx512=no step=0
+  [ -f "$1/checkpoints/latest" ] && step=$(sed 's/^step-0*//; s/^$/0/' "$1/checkpoints/latest")
+  cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -n 1)
+  cpu="$cpu (family $(sed -n 's/^cpu family[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
+  cpu="$cpu model $(sed -n 's/^model[[:space:]]*: //p' /proc/cpuinfo | head -n 1))"
+  grep -qw avx512f /proc/cpuinfo 2>/dev/null && avx512=yes
+  printf '%s\t%s\tfrom step %s\t%s\t%s cores\tAVX-512 %s\n' "$(date -u +%FT%TZ)" \
+    "$(hostname)" "$step" "${cpu:-unknown CPU}" "$(nproc)" "$avx512" \
+    >> "$1.machines"
+}
+
 # Rows of a run's metrics.csv (0 when it has none).
 finished_steps() {
   if [ -f "$1/metrics.csv" ]; then echo $(($(wc -l < "$1/metrics.csv") - 1)); else echo 0; fi
@@ -51,11 +66,14 @@ run_grid() {
         local bin="$BIN"
         [ -x "$(cat "$dir.bin" 2>/dev/null)" ] && bin=$(cat "$dir.bin")
         echo "== $dir: resuming with $bin"
+        note_machine "$dir"
         "$bin" train --run-dir "$dir" --resume "${stop[@]}" --no-progress
       else
         echo "== $dir: $(variant_flags "$variant") seed $seed"
         rm -rf "$dir"
         realpath "$BIN" > "$dir.bin"
+        rm -f "$dir.machines"
+        note_machine "$dir"
         # shellcheck disable=SC2046 # the variant's flags are words
         "$BIN" train --run-dir "$dir" $(variant_flags "$variant") --seed "$seed" \
           "${COMMON[@]}" "${stop[@]}"
@@ -76,6 +94,8 @@ collect_raw() {
     [ -f "$dir/metrics.csv" ] || continue
     mkdir -p "$raw/$name"
     cp "$dir/metrics.csv" "$dir/config.json" "$dir/model.json" "$raw/$name/"
+    # Where the run ran, when the runner recorded it (machines.tsv: one line per start or resume).
+    [ -f "${dir%/}.machines" ] && cp "${dir%/}.machines" "$raw/$name/machines.tsv"
   done
 }
 
