@@ -36,9 +36,9 @@ pub use packed::{
     naive_packed_linear_relation, naive_packed_relation, naive_packed_rope,
 };
 pub use relation::{
-    FactorizedRelation, RelationStats, naive_evidence, naive_exchange_only_relation,
-    naive_exchange_only_rows, naive_factorized_relation, naive_parallel_relation,
-    naive_relation_rows, naive_relation_weights, naive_self_relation,
+    FactorizedRelation, RelationStats, naive_attention_rows, naive_evidence,
+    naive_exchange_only_relation, naive_exchange_only_rows, naive_factorized_relation,
+    naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,
 };
 pub use rope::{ROPE_BASE, RopePositions, naive_rope, naive_rope_rows};
 pub use segments::Segments;

@@ -272,6 +272,8 @@ enum Transport {
     SelfExchange { lambda: Tensor<1>, tau_s: f64 },
     /// No Self term: `softmax_{j<i} E_ij` (λ cancels); row 1 keeps its own information.
     ExchangeOnly,
+    /// Softmax attention: `softmax_{j<=i} U_ij`, no activation, the row's own position included.
+    Attention,
 }
 
 /// Materialized **Exchange-only** transport (`docs/maths.md#11-ablations`), the paper's
@@ -309,6 +311,21 @@ pub fn naive_exchange_only_rows(
     info: Tensor<4>,
 ) -> Result<Tensor<4>> {
     relation_rows(p1, p2, info, Transport::ExchangeOnly)
+}
+
+/// The last `n` rows of causal softmax attention (the baseline mixer, `MHA`) against all `T`
+/// keys: row `i` is `Σ_{j<=i} softmax_{j<=i}(q_i · k_j / √D) v_j`, the query rows at positions
+/// `T - n .. T`. The decoding reference of attention with a K/V cache, as
+/// [`naive_relation_rows`] is for the Relation; unlike it, every row includes its own position
+/// in the softmax, and nothing else is added.
+///
+/// # Shapes
+/// - `q`: `[B, n, H, D]`; `k`, `v`: `[B, T, H, D]` with `n <= T`; output: `[B, n, H, D]`
+///
+/// # Errors
+/// As [`naive_relation_rows`] (the names `p1`, `p2`, `info` stand for `q`, `k`, `v`).
+pub fn naive_attention_rows(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Result<Tensor<4>> {
+    relation_rows(q, k, v, Transport::Attention)
 }
 
 /// Rows `T - n .. T` of the materialized relation under `transport`.
@@ -366,6 +383,10 @@ fn relation_rows(
             activation::silu(u)
                 .mask_fill(history.bool_not(), f64::NEG_INFINITY)
                 .mask_fill(first_diagonal, 0.0)
+        }
+        // j <= i: the history and the row's own position.
+        Transport::Attention => {
+            u.mask_fill(history.bool_or(diagonal).bool_not(), f64::NEG_INFINITY)
         }
     };
     let y = activation::softmax(relation, 3).matmul(heads_first(info)); // [B, H, n, D]

@@ -3,8 +3,8 @@
 use burn::tensor::{DType, Tensor};
 use relation_core::testing::{Check, assert_close, tolerance};
 use relation_core::{
-    DEFAULT_TAU, naive_factorized_relation, naive_parallel_relation, naive_relation_rows,
-    naive_relation_weights,
+    DEFAULT_TAU, naive_attention_rows, naive_factorized_relation, naive_parallel_relation,
+    naive_relation_rows, naive_relation_weights,
 };
 
 use crate::common::{assert_identical, relation_inputs, tokens, values};
@@ -240,4 +240,77 @@ fn last_rows_equal_the_full_relation() {
         .unwrap();
         assert_close(&format!("step at {i}"), &step, &tokens(&full, i, 1), tol);
     }
+}
+
+/// Causal softmax attention row by row in plain f64 loops: the independent oracle of
+/// `naive_attention_rows` (the reference of attention's decoding step).
+fn attention_by_loops(q: &Tensor<4>, k: &Tensor<4>, v: &Tensor<4>) -> Vec<f64> {
+    let [b, n, h, d] = q.dims();
+    let t = k.dims()[1];
+    let (q, k, v) = (values(q), values(k), values(v));
+    let at = |x: &[f64], rows: usize, bi: usize, ti: usize, hi: usize| {
+        let from = ((bi * rows + ti) * h + hi) * d;
+        x[from..from + d].to_vec()
+    };
+    let mut out = Vec::with_capacity(b * n * h * d);
+    for bi in 0..b {
+        for r in 0..n {
+            for hi in 0..h {
+                let i = t - n + r; // the query row's position
+                let qi = at(&q, n, bi, r, hi);
+                let scores: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        let kj = at(&k, t, bi, j, hi);
+                        qi.iter().zip(&kj).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt()
+                    })
+                    .collect();
+                let top = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let weights: Vec<f64> = scores.iter().map(|s| (s - top).exp()).collect();
+                let total: f64 = weights.iter().sum();
+                let mut y = vec![0.0; d];
+                for (j, w) in weights.iter().enumerate() {
+                    for (acc, x) in y.iter_mut().zip(at(&v, t, bi, j, hi)) {
+                        *acc += w / total * x;
+                    }
+                }
+                out.extend(y);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn attention_rows_match_plain_loops() {
+    // Every row includes its own position (T = 1: the output is v itself), head dims that are
+    // not powers of two, the last rows of a longer sequence.
+    for (b, t, h, d, n) in [
+        (1, 1, 2, 48, 1),
+        (2, 63, 3, 60, 1),
+        (1, 37, 2, 80, 5),
+        (2, 20, 1, 8, 20),
+    ] {
+        let x = relation_inputs([b, t, h, d], 3 + t as u64, 2.0, DType::F32);
+        let q = tokens(&x.p1, t - n, n);
+        let rows = naive_attention_rows(q.clone(), x.p2.clone(), x.info.clone()).unwrap();
+        let expected = Tensor::<4>::from_data(
+            burn::tensor::TensorData::new(attention_by_loops(&q, &x.p2, &x.info), [b, n, h, d]),
+            (&rows.device(), DType::F32),
+        );
+        let what = format!("B {b} T {t} H {h} D {d} n {n}");
+        assert_close(
+            &what,
+            &rows,
+            &expected,
+            tolerance(DType::F32, Check::Forward),
+        );
+    }
+    // One position: its weight is one, the row is its value exactly.
+    let x = relation_inputs([1, 1, 2, 8], 1, 1.0, DType::F32);
+    let single = naive_attention_rows(x.p1, x.p2, x.info.clone()).unwrap();
+    assert_identical("T = 1", &single, &x.info);
+    // More query rows than keys is refused, naming the limit.
+    let x = relation_inputs([1, 4, 2, 8], 9, 1.0, DType::F32);
+    let err = naive_attention_rows(x.p1.clone().repeat_dim(1, 2), x.p2, x.info).unwrap_err();
+    assert!(err.to_string().contains("1..=4"), "{err}");
 }

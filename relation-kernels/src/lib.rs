@@ -66,7 +66,10 @@ mod debug;
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 pub use decode::DecodeOps;
-pub use decode::{CachedRows, DecodeParams, flash_exchange_only_decode, flash_relation_decode};
+pub use decode::{
+    CachedRows, DecodeMixer, DecodeParams, flash_attention_decode, flash_exchange_only_decode,
+    flash_relation_decode,
+};
 pub use device::cpu_threads;
 pub use error::{KernelError, Result};
 pub use flash_relation::{

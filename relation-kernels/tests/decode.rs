@@ -1,16 +1,18 @@
 //! One decoding step against a Relation Cache (`flash_relation_decode`,
-//! `flash_exchange_only_decode`): the fused split-K step on every device with kernels against the
-//! reference rows over the filled part of the cache, with NaN in the cache's spare rows (a step
+//! `flash_exchange_only_decode`) or a K/V cache (`flash_attention_decode`): the fused split-K
+//! step on every device with kernels against the reference rows over the filled part of the cache, with NaN in the cache's spare rows (a step
 //! must never read them) and the outputs poisoned; awkward head dimensions and lengths from 1
 //! (no history) to several blocks; sequences of different lengths in one batch; f32, f16 and
 //! bf16; the last row of the full forward; bad inputs.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
-use relation_core::{DEFAULT_TAU, naive_exchange_only_rows, naive_relation_rows};
+use relation_core::{
+    DEFAULT_TAU, naive_attention_rows, naive_exchange_only_rows, naive_relation_rows,
+};
 use relation_kernels::{
-    CachedRows, FlashInputs, KernelError, Strategy, debug, flash_exchange_only_decode,
-    flash_relation, flash_relation_decode,
+    CachedRows, FlashInputs, KernelError, Strategy, debug, flash_attention_decode,
+    flash_exchange_only_decode, flash_relation, flash_relation_decode,
 };
 
 use crate::common::{assert_path, devices, to_flex};
@@ -30,9 +32,9 @@ fn on(data: &TensorData, device: &Device, dtype: DType) -> Tensor<4> {
     Tensor::from_data(data.clone(), (device, dtype))
 }
 
-/// The fused step, with the Self term and Exchange-only (`λ` 0.7), each checked to have run the
-/// fused path.
-fn fused_steps(what: &str, q: Tensor<4>, rows: CachedRows) -> (Tensor<4>, Tensor<4>) {
+/// The fused step, with the Self term and Exchange-only (`λ` 0.7), and attention's over the
+/// same buffers (as keys and values), each checked to have run the fused path.
+fn fused_steps(what: &str, q: Tensor<4>, rows: CachedRows) -> [Tensor<4>; 3] {
     let lambda = Tensor::<1>::from_data([0.7f32], &q.device());
     let fused = assert_path(what, "fused", || {
         flash_relation_decode(
@@ -45,9 +47,12 @@ fn fused_steps(what: &str, q: Tensor<4>, rows: CachedRows) -> (Tensor<4>, Tensor
         .unwrap()
     });
     let exchange = assert_path(what, "fused", || {
-        flash_exchange_only_decode(q, rows, Strategy::Fused).unwrap()
+        flash_exchange_only_decode(q.clone(), rows.clone(), Strategy::Fused).unwrap()
     });
-    (fused, exchange)
+    let attention = assert_path(what, "fused", || {
+        flash_attention_decode(q, rows, Strategy::Fused).unwrap()
+    });
+    [fused, exchange, attention]
 }
 
 /// The fused step on `device` in `dtype` against the reference rows (f32, on Flex, from the same
@@ -85,12 +90,14 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
                 len,
             )
         };
-        let (fused, exchange) = fused_steps(&what, on(&q, device, dtype), rows(device));
-        assert_eq!(
-            fused.dtype(),
-            dtype,
-            "{what}: the output takes the query's dtype"
-        );
+        let [fused, exchange, attention] = fused_steps(&what, on(&q, device, dtype), rows(device));
+        for out in [&fused, &attention] {
+            assert_eq!(
+                out.dtype(),
+                dtype,
+                "{what}: the output takes the query's dtype"
+            );
+        }
         // The reference in f32 on Flex over the filled rows, from the same rounded inputs.
         let rounded = |data: &TensorData, dtype| on(data, &flex, dtype).cast(DType::F32);
         let filled = |data: &TensorData| rounded(data, cache_dtype).narrow(1, 0, len);
@@ -103,7 +110,9 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
             DEFAULT_TAU,
         )
         .unwrap();
-        let expected_exchange = naive_exchange_only_rows(p1, p2r, infor).unwrap();
+        let expected_exchange =
+            naive_exchange_only_rows(p1.clone(), p2r.clone(), infor.clone()).unwrap();
+        let expected_attention = naive_attention_rows(p1, p2r, infor).unwrap();
         // The output is rounded to the query's dtype; the cache's rounding is in the reference.
         let tol = tolerance(dtype, Check::Forward);
         assert_close(&what, &to_flex(fused), &expected, tol);
@@ -111,6 +120,12 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
             &format!("{what} exchange-only"),
             &to_flex(exchange),
             &expected_exchange,
+            tol,
+        );
+        assert_close(
+            &format!("{what} attention"),
+            &to_flex(attention),
+            &expected_attention,
             tol,
         );
     }
@@ -151,30 +166,36 @@ fn check_ragged(device: &Device, dtype: DType) {
         info: on(&info, device, dtype),
         lens: lens.to_vec(),
     };
-    let (fused, exchange) = fused_steps(&what, on(&q, device, dtype), rows(device));
-    // Each sequence alone through the reference, then stacked.
+    let [fused, exchange, attention] = fused_steps(&what, on(&q, device, dtype), rows(device));
+    // Each sequence alone through the reference (0 the Relation, 1 Exchange-only, 2
+    // attention), then stacked.
     let rounded = |data: &TensorData| on(data, &flex, dtype).cast(DType::F32);
-    let alone = |i: usize, exchange_only: bool| {
+    let alone = |i: usize, mixer: usize| {
         let own = |t: Tensor<4>| t.narrow(0, i, 1).narrow(1, 0, lens[i]);
         let (p1, p2, info) = (
             rounded(&q).narrow(0, i, 1),
             own(rounded(&p2)),
             own(rounded(&info)),
         );
-        if exchange_only {
-            naive_exchange_only_rows(p1, p2, info).unwrap()
-        } else {
-            naive_relation_rows(p1, p2, info, lambda(&flex), DEFAULT_TAU).unwrap()
+        match mixer {
+            0 => naive_relation_rows(p1, p2, info, lambda(&flex), DEFAULT_TAU).unwrap(),
+            1 => naive_exchange_only_rows(p1, p2, info).unwrap(),
+            _ => naive_attention_rows(p1, p2, info).unwrap(),
         }
     };
-    let expected = Tensor::cat((0..b).map(|i| alone(i, false)).collect(), 0);
-    let expected_exchange = Tensor::cat((0..b).map(|i| alone(i, true)).collect(), 0);
+    let expected = |mixer| Tensor::cat((0..b).map(|i| alone(i, mixer)).collect(), 0);
     let tol = tolerance(dtype, Check::Forward);
-    assert_close(&what, &to_flex(fused), &expected, tol);
+    assert_close(&what, &to_flex(fused), &expected(0), tol);
     assert_close(
         &format!("{what} exchange-only"),
         &to_flex(exchange),
-        &expected_exchange,
+        &expected(1),
+        tol,
+    );
+    assert_close(
+        &format!("{what} attention"),
+        &to_flex(attention),
+        &expected(2),
         tol,
     );
     // The reference path of the entry point (the fallback off Flex and CubeCL) agrees too.
@@ -193,7 +214,23 @@ fn check_ragged(device: &Device, dtype: DType) {
     assert_close(
         &format!("{what} reference path"),
         &reference,
-        &expected,
+        &expected(0),
+        tol,
+    );
+    let reference = flash_attention_decode(
+        rounded(&q),
+        CachedRows {
+            p2: rounded(&p2),
+            info: rounded(&info),
+            lens: lens.to_vec(),
+        },
+        Strategy::Reference,
+    )
+    .unwrap();
+    assert_close(
+        &format!("{what} attention reference path"),
+        &reference,
+        &expected(2),
         tol,
     );
 }
@@ -336,6 +373,35 @@ fn f16_cache_rows_widen_exactly() {
             "f16 bits {:#06x}: {w} against {}",
             h.to_bits(),
             h.to_f32()
+        );
+    }
+}
+
+#[test]
+fn attention_step_takes_scores_far_below_zero() {
+    // Every key points away from the query, so every score is far below zero (about -300): a
+    // running maximum that started at 0, as the Relation's does, would weigh every position 0
+    // and give 0/0. The step must match the reference softmax, which subtracts the row's own
+    // maximum.
+    let (b, len, h, d) = (2, 700, 2, 48);
+    for device in devices() {
+        let flex = Device::flex();
+        let q = uniform([b, 1, h, d], 4, 2.0, &flex, DType::F32);
+        let noise = uniform([b, len, h, d], 5, 0.5, &flex, DType::F32);
+        let keys = q.clone().expand([b, len, h, d]) * (-20.0) + noise;
+        let values = uniform([b, len, h, d], 6, 1.0, &flex, DType::F32);
+        let expected = naive_attention_rows(q.clone(), keys.clone(), values.clone()).unwrap();
+        let to = |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &device);
+        let rows = CachedRows::uniform(to(&keys), to(&values), len);
+        let what = format!("{device:?} scores far below zero");
+        let step = assert_path(&what, "fused", || {
+            flash_attention_decode(to(&q), rows, Strategy::Fused).unwrap()
+        });
+        assert_close(
+            &what,
+            &to_flex(step),
+            &expected,
+            tolerance(DType::F32, Check::Forward),
         );
     }
 }

@@ -9,7 +9,10 @@
 //!    forward does.
 //!
 //! `m` starts at 0 in every unit (`SiLU(u) >= -0.2785`, so every exponent stays `<= 0.28`; a
-//! unit with no position keeps `l = 0` and adds nothing). The integer sizes travel in a small
+//! unit with no position keeps `l = 0` and adds nothing). Attention's step (a comptime switch of
+//! both kernels) takes the raw scores over positions `0..len` (its own row included), starts
+//! `m` at the lowest finite f32 (its scores have no lower bound; the first one replaces it, and
+//! the empty sums' weight `e^(f32::MIN - s)` is 0) and ends with `Ī`. The integer sizes travel in a small
 //! `u32` table: `(C, block, partials per (b, h), len_0, …, len_{B-1})`, each sequence of the
 //! batch with its own filled length (blocks past a shorter sequence's history hold nothing).
 
@@ -18,7 +21,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::DecodeParams;
+use super::{DecodeMixer, DecodeParams};
 use crate::cube::{empty_like, empty_like_dtype, sigmoid, u32_tensor};
 
 /// Units per cube of the block kernel.
@@ -37,6 +40,7 @@ fn decode_blocks_kernel<F: Float>(
     part: &mut Tensor<f32>,
     scale: f32,
     #[comptime] head_dim: usize,
+    #[comptime] attention: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let heads = p1.shape(2);
@@ -47,7 +51,10 @@ fn decode_blocks_kernel<F: Float>(
     let block = sizes[1] as usize;
     let partials = sizes[2] as usize;
     let len = sizes[3 + b] as usize;
-    let history = len - 1;
+    let mut history = len - 1;
+    if attention {
+        history = len;
+    }
     let j0 = k * block;
     let mut j1 = j0 + block;
     if j1 > history {
@@ -62,6 +69,9 @@ fn decode_blocks_kernel<F: Float>(
         z[d] = 0.0f32;
     }
     let mut m = f32::new(0.0);
+    if attention {
+        m = f32::new(f32::MIN);
+    }
     let mut l = f32::new(0.0);
     let row = heads * head_dim;
     let mut j = j0 + UNIT_POS_X as usize;
@@ -72,7 +82,10 @@ fn decode_blocks_kernel<F: Float>(
         for d in 0..head_dim {
             u += q[d] * f32::cast_from(p2[base + d]);
         }
-        let e = u * sigmoid(u); // E = SiLU(U)
+        let mut e = u;
+        if !attention {
+            e = u * sigmoid(u); // E = SiLU(U)
+        }
         if e > m {
             let correction = (m - e).exp();
             l *= correction;
@@ -112,6 +125,7 @@ fn decode_merge_kernel<F: Float>(
     inv_tau: f32,
     #[comptime] head_dim: usize,
     #[comptime] exchange_only: bool,
+    #[comptime] attention: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let heads = p1.shape(2);
@@ -124,10 +138,10 @@ fn decode_merge_kernel<F: Float>(
     let newest = ((b * c + len - 1) * heads + h) * head_dim; // row `len - 1`, head `h`
     let own = f32::cast_from(info[newest + d]);
     let mut out = own;
-    if len > 1 {
+    if attention || len > 1 {
         let width = head_dim + 2;
         let first = bh * partials;
-        let mut m = f32::new(0.0);
+        let mut m = f32::new(f32::MIN);
         for p in 0..partials {
             let mp = part[(first + p) * width];
             if mp > m {
@@ -143,7 +157,7 @@ fn decode_merge_kernel<F: Float>(
             z += s * part[at + 2 + d];
         }
         let ibar = z / l;
-        if exchange_only {
+        if exchange_only || attention {
             out = ibar;
         } else {
             let mut u = f32::new(0.0);
@@ -160,7 +174,8 @@ fn decode_merge_kernel<F: Float>(
     y[bh * head_dim + d] = F::cast_from(out);
 }
 
-/// The decoding step of [`super::flash_relation_decode`] on a CubeCL runtime.
+/// The decoding step of [`super::flash_relation_decode`] (and its Exchange-only and attention
+/// twins) on a CubeCL runtime.
 ///
 /// # Shapes
 /// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]`; `lambda`: `[1]`; output `[B, 1, H, D]`
@@ -175,7 +190,13 @@ pub(super) fn decode(
     let dims = p1.meta.shape().clone();
     let (b, h, d) = (dims[0], dims[2], dims[3]);
     let c = p2.meta.shape()[1];
-    let history = params.lens.iter().max().map_or(0, |&len| len - 1);
+    let attention = params.mixer == DecodeMixer::Attention;
+    // The positions the softmax covers: the history `j < i`, or `j <= i` for attention.
+    let history = params
+        .lens
+        .iter()
+        .max()
+        .map_or(0, |&len| if attention { len } else { len - 1 });
     let block = history.div_ceil(MAX_BLOCKS).max(MIN_BLOCK);
     let blocks = history.div_ceil(block);
     let partials = blocks * UNITS;
@@ -205,6 +226,7 @@ pub(super) fn decode(
             part.clone().into_tensor_arg(),
             params.scale,
             d,
+            attention,
             dtype,
         );
     }
@@ -223,7 +245,8 @@ pub(super) fn decode(
         params.scale,
         params.inv_tau,
         d,
-        params.exchange_only,
+        params.mixer == DecodeMixer::ExchangeOnly,
+        attention,
         dtype,
     );
     y

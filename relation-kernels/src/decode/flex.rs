@@ -15,6 +15,10 @@
 //! Y = Ĩ_i + g (Ī - Ĩ_i);   Exchange-only: Y = Ī;   no history (len 1): Y = Ĩ_0
 //! ```
 //!
+//! Attention's step is the same pass with the raw scores (no SiLU) over positions `0..=i` (the
+//! new row's own key and value are in the cache too), the running maxima starting at `f32::MIN`
+//! (its scores have no lower bound), and `Y = Ī`.
+//!
 //! The sub-block's rows stay in L1 between its scores and its values, so both streams still come
 //! from memory once, side by side; per-position SiLU and exponentials (one call per head and
 //! position) cost more than reading the cache did (measurements in `docs/bench/long-context.md`).
@@ -30,7 +34,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, bf16, f16};
 use rayon::prelude::*;
 
-use super::DecodeParams;
+use super::{DecodeMixer, DecodeParams};
 use crate::flex::{
     LANES, MulAdd, Unfused, Vectorized, dims4, exp, f32_data, output, prefetch, read_f32, sigmoid,
     silu, tensor, vectorized,
@@ -200,11 +204,24 @@ pub(super) struct Block<'a, T> {
     pub(super) heads: usize,
     pub(super) head_dim: usize,
     pub(super) scale: f32,
+    /// Attention's raw scores (else the Relation's SiLU'd ones).
+    pub(super) attention: bool,
+}
+
+impl<T> Block<'_, T> {
+    /// Where each head's running maximum starts: 0 for SiLU'd scores (`SiLU(u) >= -0.2785`, so
+    /// every weight `e^(E - m)` is at most `e^0.28` before the first rescale and nothing
+    /// overflows), the lowest finite value for attention's unbounded ones (the first score
+    /// replaces it, its weight `e^(f32::MIN - s)` of the empty sums is 0, never NaN).
+    pub(super) fn first_maximum(&self) -> f32 {
+        if self.attention { f32::MIN } else { 0.0 }
+    }
 }
 
 /// Steps 2 to 4 of a sub-block, shared by every path: the raw scores `e` (`[n, H]`,
-/// position-major) become SiLU'd scores, then weights `e^(E_j - m)`, each head's running maximum
-/// `m` moving at most once (and its `l` and `z`, `[H]` and `[H, D]`, rescaled when it does).
+/// position-major) become SiLU'd scores (`activate`; attention keeps them raw), then weights
+/// `e^(E_j - m)`, each head's running maximum `m` moving at most once (and its `l` and `z`,
+/// `[H]` and `[H, D]`, rescaled when it does).
 #[inline(always)]
 pub(super) fn weigh<M: MulAdd>(
     e: &mut [f32],
@@ -212,11 +229,14 @@ pub(super) fn weigh<M: MulAdd>(
     l: &mut [f32],
     z: &mut [f32],
     d: usize,
+    activate: bool,
 ) {
     let h = m.len();
     // 2. SiLU over all of them at once (one vectorised loop, not one call per head).
-    for u in e.iter_mut() {
-        *u = silu::<M>(*u); // E
+    if activate {
+        for u in e.iter_mut() {
+            *u = silu::<M>(*u); // E
+        }
     }
     // 3. Each head's running maximum moves at most once per sub-block.
     for hi in 0..h {
@@ -246,9 +266,7 @@ impl<T: CacheElem> Vectorized for Block<'_, T> {
         let (h, d) = (self.heads, self.head_dim);
         let row = h * d;
         let (mut key_buf, mut value_buf) = (vec![0f32; row], vec![0f32; row]);
-        // `m` starts at 0: `SiLU(u) >= -0.2785`, so every weight `e^(E - m)` is at most
-        // `e^0.28` before the first rescale, and nothing overflows.
-        let mut m = vec![0f32; h];
+        let mut m = vec![self.first_maximum(); h];
         let mut l = vec![0f32; h];
         let mut z = vec![0f32; row];
         // One sub-block's scores, then weights, position-major: `[SUB, H]`.
@@ -273,7 +291,7 @@ impl<T: CacheElem> Vectorized for Block<'_, T> {
                     *u = self.scale * dot::<M>(q, k);
                 }
             }
-            weigh::<M>(e, &mut m, &mut l, &mut z, d);
+            weigh::<M>(e, &mut m, &mut l, &mut z, d, !self.attention);
             // 5. The values, row by row.
             for (jj, weights) in e.chunks_exact(h).enumerate() {
                 let value = T::row(self.values, j0 + jj, row, &mut value_buf);
@@ -293,7 +311,8 @@ impl<T: CacheElem> Vectorized for Block<'_, T> {
     }
 }
 
-/// The decoding step of [`super::flash_relation_decode`] on Flex.
+/// The decoding step of [`super::flash_relation_decode`] (and its Exchange-only and attention
+/// twins) on Flex.
 ///
 /// # Shapes
 /// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]` (f32, or f16/bf16 read in place);
@@ -353,13 +372,19 @@ impl Step<'_> {
         let (q, params, c) = (self.q, self.params, self.capacity);
         let [b, _, h, d] = self.dims;
         let row = h * d;
-        // Each sequence's history (positions before its new row) in blocks; every task is one
-        // block of one sequence, sized from the longest history.
-        let history: Vec<usize> = params.lens.iter().map(|&len| len - 1).collect();
-        let longest = history.iter().copied().max().unwrap_or(0);
+        // The positions each sequence's softmax covers (the Relation's history `j < i`,
+        // attention's `j <= i`) in blocks; every task is one block of one sequence, sized from
+        // the longest.
+        let attention = params.mixer == DecodeMixer::Attention;
+        let reach: Vec<usize> = params
+            .lens
+            .iter()
+            .map(|&len| if attention { len } else { len - 1 })
+            .collect();
+        let longest = reach.iter().copied().max().unwrap_or(0);
         let threads = rayon::current_num_threads().max(1);
         let block = longest.div_ceil(4 * threads).clamp(MIN_BLOCK, MAX_BLOCK);
-        let blocks: Vec<usize> = history.iter().map(|h| h.div_ceil(block)).collect();
+        let blocks: Vec<usize> = reach.iter().map(|h| h.div_ceil(block)).collect();
         let first: Vec<usize> = blocks
             .iter()
             .scan(0, |at, &n| {
@@ -376,7 +401,7 @@ impl Step<'_> {
         let partials: Vec<Partial> = tasks
             .into_par_iter()
             .map(|(bi, k)| {
-                let (j0, j1) = (k * block, ((k + 1) * block).min(history[bi]));
+                let (j0, j1) = (k * block, ((k + 1) * block).min(reach[bi]));
                 let rows = bi * c * row + j0 * row..bi * c * row + j1 * row;
                 let block = Block {
                     query: &q[bi * row..(bi + 1) * row],
@@ -385,6 +410,7 @@ impl Step<'_> {
                     heads: h,
                     head_dim: d,
                     scale: params.scale,
+                    attention,
                 };
                 #[cfg(target_arch = "x86_64")]
                 if x86 {
@@ -399,7 +425,7 @@ impl Step<'_> {
         let mut out = output(b * row); // every element is written below
         let (mut own_row, mut key_row) = (vec![0f32; row], vec![0f32; row]);
         for bi in 0..b {
-            let (history, log_count) = (history[bi], (params.lens[bi] as f32).ln());
+            let (history, log_count) = (params.lens[bi] - 1, (params.lens[bi] as f32).ln());
             let newest = bi * c + history; // row `i` of sequence `bi`
             let own_all = T::row(values, newest, row, &mut own_row); // Ĩ_i, every head
             let key_all = T::row(keys, newest, row, &mut key_row); // P2_i
@@ -408,7 +434,7 @@ impl Step<'_> {
                 let head = hi * d..(hi + 1) * d;
                 let own = &own_all[head.clone()];
                 let y = &mut out[bi * row..(bi + 1) * row][head.clone()];
-                if history == 0 {
+                if history == 0 && !attention {
                     y.copy_from_slice(own);
                     continue;
                 }
@@ -426,7 +452,7 @@ impl Step<'_> {
                     }
                 }
                 y.iter_mut().for_each(|v| *v /= l); // Ī
-                if params.exchange_only {
+                if params.mixer != DecodeMixer::Relation {
                     continue;
                 }
                 let query = &q[bi * row..(bi + 1) * row][head.clone()];

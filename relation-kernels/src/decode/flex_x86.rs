@@ -10,7 +10,7 @@
 //! - each head's weighted sum of `Ĩ` stays in registers over the sub-block's positions instead
 //!   of being loaded and stored once per position.
 //!
-//! Steps 2 to 4 (SiLU, the running maxima, the weights) are the portable code's, with fused
+//! Steps 2 to 4 (SiLU or none for attention, the running maxima, the weights) are the portable code's, with fused
 //! multiply-adds as the vectorised dispatch uses on these CPUs. The dot products add their terms
 //! in another order than the portable `dot`, so results differ from it by rounding only.
 
@@ -146,8 +146,7 @@ pub(super) unsafe fn block<T: CacheElem>(block: Block<'_, T>) -> Partial {
         d.is_multiple_of(V) && block.query.len() == row,
         "a query of [H, D] with D a multiple of eight"
     );
-    // As in `Block::run`: `m` starts at 0, below which no SiLU'd score lies by more than 0.28.
-    let mut m = vec![0f32; h];
+    let mut m = vec![block.first_maximum(); h];
     let mut l = vec![0f32; h];
     let mut z = vec![0f32; row];
     let mut e = vec![0f32; SUB * h];
@@ -173,7 +172,7 @@ pub(super) unsafe fn block<T: CacheElem>(block: Block<'_, T>) -> Partial {
                 );
             }
         }
-        weigh::<Fused>(e, &mut m, &mut l, &mut z, d);
+        weigh::<Fused>(e, &mut m, &mut l, &mut z, d, !block.attention);
         // 5. The values: per head, up to `ACC` vectors of its weighted sum in registers over
         //    the sub-block's positions.
         let values = &block.values[j0 * row..(j0 + count) * row];

@@ -1,9 +1,10 @@
 //! One decoding step of FlashRelation against a Relation Cache: the new token's row of the
 //! relation over every cached position (`docs/maths.md#8-the-relation-cache`), read from a
-//! cache buffer that holds more rows than are filled.
+//! cache buffer that holds more rows than are filled; and the same step for softmax attention
+//! against a K/V cache (the baseline mixer, so that both decode with kernels of equal effort).
 //!
-//! The reference is [`relation_core::naive_relation_rows`] (or its Exchange-only twin) over the
-//! filled rows. The fused step cuts the cached positions into blocks, reduces each block's
+//! The reference is [`relation_core::naive_relation_rows`] (or its Exchange-only twin, or
+//! [`relation_core::naive_attention_rows`]) over the filled rows. The fused step cuts the cached positions into blocks, reduces each block's
 //! Exchange part on its own to a running maximum, a normaliser and a weighted sum of `Ĩ`
 //! (split-K, as flash-decoding does for attention), and merges the blocks with their
 //! log-sum-exp statistics, so one long sequence keeps every core busy and the cache is read
@@ -28,7 +29,7 @@ use burn::backend::tensor::FloatTensor;
 #[cfg(any(feature = "flex", feature = "cube"))]
 use burn::backend::{Backend, backend_extension};
 use burn::tensor::{DType, Tensor};
-use relation_core::{check, naive_exchange_only_rows, naive_relation_rows};
+use relation_core::{check, naive_attention_rows, naive_exchange_only_rows, naive_relation_rows};
 
 use crate::error::{KernelError, Result};
 use crate::strategy::Strategy;
@@ -41,10 +42,25 @@ pub struct DecodeParams {
     pub lens: Vec<usize>,
     /// `1 / sqrt(D)`.
     pub scale: f32,
-    /// `1 / tau_S` (unused for Exchange-only).
+    /// `1 / tau_S` (used by [`DecodeMixer::Relation`] only).
     pub inv_tau: f32,
-    /// The Exchange-only ablation: no Self term, `λ` unused.
-    pub exchange_only: bool,
+    /// What the step computes.
+    pub mixer: DecodeMixer,
+}
+
+/// The three decoding steps the kernels share: they differ in the score's activation, which
+/// positions the softmax covers and how the row ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodeMixer {
+    /// The Self-Exchange Relation: `SiLU` scores over the history `j < i`, merged with the Self
+    /// term through the gate (`λ`, `τ_S`).
+    Relation,
+    /// The Exchange-only ablation: `SiLU` scores over the history, no Self term (`λ` unused);
+    /// the first row keeps its own `Ĩ`.
+    ExchangeOnly,
+    /// Softmax attention: raw scores over `j <= i` (the row's own position included), nothing
+    /// added; `p2` holds the keys, `info` the values.
+    Attention,
 }
 
 /// The fused decoding step. Not called directly: use [`flash_relation_decode`], which checks its
@@ -102,6 +118,8 @@ impl DecodeOps for burn_cubecl::CubeBackend {
 /// that may hold more (a cache keeps spare room so that it grows in place, and the sequences of
 /// a batch may have different lengths).
 ///
+/// For attention ([`flash_attention_decode`]) `p2` holds the rotated keys and `info` the values.
+///
 /// # Shapes
 /// - `p2` (rotated `P2`), `info` (`Ĩ`): `[B, C, H, D]` with `1 <= lens[b] <= C`
 #[derive(Debug, Clone)]
@@ -155,7 +173,7 @@ pub fn flash_relation_decode(
     check::exact_shape("lambda", &lambda, "[1]", [1])?;
     check::tau(tau_s)?;
     check::same_device("lambda", &lambda, &p1)?;
-    decode(p1, cache, Some((lambda, tau_s)), strategy)
+    decode(p1, cache, Mixer::Relation { lambda, tau_s }, strategy)
 }
 
 /// The new token's row of the Exchange-only ablation against the cache (row `lens[b] - 1` of
@@ -171,16 +189,41 @@ pub fn flash_exchange_only_decode(
     cache: CachedRows,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    decode(p1, cache, None, strategy)
+    decode(p1, cache, Mixer::ExchangeOnly, strategy)
 }
 
-/// The checks and the choice of path; `relation` is `None` for Exchange-only.
-fn decode(
-    p1: Tensor<4>,
+/// The new token's row of causal softmax attention against a K/V cache: for each sequence `b`,
+/// row `lens[b] - 1` of [`relation_core::naive_attention_rows`] over its `lens[b]` filled rows,
+/// which already hold the new token's key and value. The same split-K kernels as
+/// [`flash_relation_decode`] (raw scores over every filled row, the new one included, and no
+/// Self term), with the same paths, dtypes and half-precision caches.
+///
+/// # Shapes
+/// - `q`: `[B, 1, H, D]` (rotated); `cache`: `p2` the rotated keys, `info` the values, `[B, C,
+///   H, D]` buffers
+/// - output: `[B, 1, H, D]`
+///
+/// # Errors
+/// As [`flash_relation_decode`] (the messages name the keys `p2` and the values `info`).
+pub fn flash_attention_decode(
+    q: Tensor<4>,
     cache: CachedRows,
-    relation: Option<(Tensor<1>, f64)>,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
+    decode(q, cache, Mixer::Attention, strategy)
+}
+
+/// Which step [`decode`] runs, with the Relation's scalars (built once per call: the size of
+/// the tensor handle does not matter).
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Relation { lambda: Tensor<1>, tau_s: f64 },
+    ExchangeOnly,
+    Attention,
+}
+
+/// The checks and the choice of path.
+fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) -> Result<Tensor<4>> {
     let CachedRows { p2, info, lens } = cache;
     let rows = check::bthd("p2", &p2)?;
     check::same_bthd("info", &info, "p2", &rows)?;
@@ -227,9 +270,10 @@ fn decode(
         let reference = |b0: usize, n: usize, len: usize| {
             let rows = |t: &Tensor<4>| t.clone().narrow(0, b0, n).narrow(1, 0, len).cast(dtype);
             let p1 = p1.clone().narrow(0, b0, n);
-            match &relation {
-                None => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
-                Some((lambda, tau_s)) => {
+            match &mixer {
+                Mixer::ExchangeOnly => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
+                Mixer::Attention => naive_attention_rows(p1, rows(&p2), rows(&info)),
+                Mixer::Relation { lambda, tau_s } => {
                     naive_relation_rows(p1, rows(&p2), rows(&info), lambda.clone(), *tau_s)
                 }
             }
@@ -245,17 +289,25 @@ fn decode(
     #[cfg(any(feature = "flex", feature = "cube"))]
     {
         use burn::backend::Dispatch;
-        let exchange_only = relation.is_none();
-        let (lambda, tau_s) = match relation {
-            Some((lambda, tau_s)) => (lambda, tau_s),
-            // Unused by Exchange-only; any valid scalars.
-            None => (Tensor::zeros([1], &p1.device()), 1.0),
+        let (lambda, tau_s, mixer) = match mixer {
+            Mixer::Relation { lambda, tau_s } => (lambda, tau_s, DecodeMixer::Relation),
+            // Unused by the others; any valid scalars.
+            Mixer::ExchangeOnly => (
+                Tensor::zeros([1], &p1.device()),
+                1.0,
+                DecodeMixer::ExchangeOnly,
+            ),
+            Mixer::Attention => (
+                Tensor::zeros([1], &p1.device()),
+                1.0,
+                DecodeMixer::Attention,
+            ),
         };
         let params = DecodeParams {
             lens,
             scale: 1.0 / (rows.head_dim as f32).sqrt(),
             inv_tau: (1.0 / tau_s) as f32,
-            exchange_only,
+            mixer,
         };
         let lambda = lambda.cast(dtype);
         // Flex reads a half-precision cache in place; the CubeCL kernels take one dtype, so a

@@ -6,6 +6,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
 use relation_core::{RopePositions, Segments};
+use relation_kernels::{CachedRows, Strategy, flash_attention_decode};
 
 use super::{QkvProjection, dense, linear, merge_heads, unpack};
 use crate::cache::LayerCache;
@@ -164,7 +165,8 @@ impl CausalSelfAttention {
         dense(&self.wo, merge_heads(y))
     }
 
-    /// Incremental forward with a K/V cache.
+    /// Incremental forward with a K/V cache: one token per sequence (decoding) takes the fused
+    /// split-K step ([`flash_attention_decode`]), several the materialized rows.
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
@@ -175,8 +177,19 @@ impl CausalSelfAttention {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let (q, k, v) = self.qkv.forward_at(x, &cache.positions())?;
         let rows = cache.append_attention(k, v)?;
-        let (k, v) = rows.filled_as(q.dtype()); // [B, T, H, D] each
-        let (y, _) = causal_rows(q, k, v, None, &rows.lens);
+        let y = if q.dims()[1] == 1 {
+            // One token per sequence (decoding): the split-K step over the buffers as they are
+            // (a half-precision cache read in place where the kernels can).
+            let cached = CachedRows {
+                p2: rows.a,
+                info: rows.b,
+                lens: rows.lens,
+            };
+            flash_attention_decode(q, cached, Strategy::Auto)?
+        } else {
+            let (k, v) = rows.filled_as(q.dtype()); // [B, T, H, D] each
+            causal_rows(q, k, v, None, &rows.lens).0
+        };
         dense(&self.wo, merge_heads(y))
     }
 }

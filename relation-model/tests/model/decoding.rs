@@ -179,13 +179,16 @@ fn decoding_with_a_half_precision_cache_on_flex() {
 fn decoding_with_a_half_precision_cache_with_kernels() {
     let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
     check_half_precision_cache(&device, "LLLF", DType::F16);
+    check_half_precision_cache(&device, "A", DType::F16);
 }
 
 #[cfg(feature = "wgpu")]
 #[test]
 fn cached_decoding_equals_full_forward_with_kernels() {
     let device = Device::wgpu(burn::tensor::DeviceKind::DefaultDevice);
+    // The Relation's and attention's decoding steps on a CubeCL runtime.
     check_cached_decoding(&device, "LLLF");
+    check_cached_decoding(&device, "AF");
 }
 
 /// A layer given the cache of another kind of layer refuses it, naming both kinds, and leaves
