@@ -61,7 +61,7 @@ if [ "$rehearse" = 1 ]; then
   linear=(--seqs 64,128 --max-flash 128 --heads 2 --head-dim 32 --iters 1 --chunk 16); t_linear=300
   train=(--d-model 64 --n-layers 2 --n-heads 4 --d-ff 128 --seq-len 64 --batch-size 2
     --tokens-per-step 128 --steps 4 --log-every 1 --eval-tokens 256); t_train=300
-  decode=(--patterns LLLF --contexts 64 --streams 2 --steps 2); t_decode=300
+  decode=(--patterns LLLF,A --contexts 64 --streams 2 --steps 2); t_decode=300
   staging=(--params 1000,100000 --reps 2); t_staging=300
 else
   # Four test threads: on one (an H200, 16 cores) the suite ran past 150 s; on four it took 98 s.
@@ -75,7 +75,8 @@ else
   t_linear=45
   train=(--seq-len 1024 --batch-size 8 --tokens-per-step 8192 --steps 40 --log-every 5
     --eval-tokens 8192); t_train=25
-  decode=(--patterns L,LLLF,F --contexts 1024,10240 --streams 16 --steps 16); t_decode=30
+  # A beside F: attention decodes on the same split-K kernels.
+  decode=(--patterns L,LLLF,F,A --contexts 1024,10240 --streams 16 --steps 16); t_decode=40
   staging=(--params 3670000,10430000,84570000 --reps 5); t_staging=15
 fi
 
