@@ -50,6 +50,10 @@ pub struct RunCurve {
     pub params: usize,
     /// Tokens per optimizer step (`train.tokens_per_step` of the run's configuration).
     pub tokens_per_step: u64,
+    /// Where the run ran: one line per start or resume, as the experiment runner records them in
+    /// `machines.tsv` beside the metrics (when, host, `from step N`, CPU, cores, AVX-512); empty
+    /// when the run has no such file.
+    pub machines: Vec<String>,
 }
 
 impl RunCurve {
@@ -114,6 +118,7 @@ fn read_run(dir: &Path, variant: &str, seed: u64) -> Result<RunCurve> {
         tokens_per_s: Vec::new(),
         params: 0,
         tokens_per_step: 0,
+        machines: Vec::new(),
     };
     for line in lines {
         let cells: Vec<&str> = line.split(',').collect();
@@ -137,6 +142,15 @@ fn read_run(dir: &Path, variant: &str, seed: u64) -> Result<RunCurve> {
     let model = RelationLmConfig::load(dir.join("model.json"))
         .map_err(|e| bad(format!("model.json: {e}")))?;
     run.params = model.init(&Device::default())?.num_params();
+    let machines_path = dir.join("machines.tsv");
+    if machines_path.is_file() {
+        let tsv = fs::read_to_string(&machines_path).map_err(io(&machines_path))?;
+        run.machines = tsv
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| l.split('\t').map(str::trim).collect::<Vec<_>>().join(", "))
+            .collect();
+    }
     Ok(run)
 }
 
@@ -394,6 +408,22 @@ pub fn seed_tables(runs: &[RunCurve], baseline: &str, steps: Option<&[u64]>) -> 
             "| {v} ({n} seed{plural}) | {} |\n",
             cells.join(" | ")
         ));
+    }
+    out.push_str(&machines_table(&finished));
+    out
+}
+
+/// Where each finished run ran, one row per run: its starts and resumes as the runner recorded
+/// them (`machines.tsv`), or "not recorded".
+fn machines_table(runs: &[&RunCurve]) -> String {
+    let mut out = String::from("\n| run | where it ran (each start or resume) |\n|---|---|\n");
+    for r in runs {
+        let at = if r.machines.is_empty() {
+            "not recorded".to_string()
+        } else {
+            r.machines.join("; ")
+        };
+        out.push_str(&format!("| {}-s{} | {at} |\n", r.variant, r.seed));
     }
     out
 }

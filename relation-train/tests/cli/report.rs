@@ -19,6 +19,13 @@ fn report_tabulates_finished_runs() {
         let args = with(with(args, "--pattern", pattern), "--eval-every", "2");
         ok(&with(args, "--seed", &name[3..]));
     }
+    // Where a run ran, as the experiment runner records it beside the metrics.
+    std::fs::write(
+        runs.join("F-s1").join("machines.tsv"),
+        "2026-12-07T01:36:33Z\thost-a\tfrom step 0\tSome CPU\t2 cores\tAVX-512 yes\n\
+         2026-12-07T04:18:36Z\thost-b\tfrom step 2\tOther CPU\t16 cores\tAVX-512 no\n",
+    )
+    .unwrap();
     // An unfinished run: stopped at step 2 of 4.
     let args = with(
         tiny_args(&runs.join("L-s0"), &cache, &corpus),
@@ -76,6 +83,15 @@ fn report_tabulates_finished_runs() {
         seeds.contains("| F (2 seeds) | ") && seeds.contains(&format!(" | {f_mean} |\n")),
         "{seeds}"
     );
+    // Every finished run's machines, in the order of its starts and resumes.
+    assert!(
+        seeds.contains(
+            "| F-s1 | 2026-12-07T01:36:33Z, host-a, from step 0, Some CPU, 2 cores, AVX-512 yes; \
+             2026-12-07T04:18:36Z, host-b, from step 2, Other CPU, 16 cores, AVX-512 no |"
+        ),
+        "{seeds}"
+    );
+    assert!(seeds.contains("| A-s0 | not recorded |"), "{seeds}");
 
     // Budgets: the same folder twice stands in for two budgets of one grid. F pairs with A on
     // seed 0 only (A has no seed 1); the unfinished L pairs with nothing.
