@@ -160,6 +160,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let last = lm.prefill(tokens, &mut cache, args.chunk)?; // [1, V]
             let mut next = argmax(&last.into_data().try_to_vec::<f32>()?);
             let prefill = context as f64 / start.elapsed().as_secs_f64();
+            // Room for the tokens to decode, so that no step copies the cache to grow it.
+            cache.reserve(args.new_tokens)?;
             let rss_before = rss_mib();
             // Decode.
             let start = Instant::now();

@@ -401,3 +401,60 @@ fn draws_follow_the_softmax_and_its_cuts() {
     let poisoned = [0.5, f32::NAN, 3.0, 1.0];
     assert_eq!(sampling(1.0, None, None).draw(&poisoned, &mut rng), 2);
 }
+
+/// `LmCache::reserve` after a prefill: every per-token buffer gets room for the tokens to
+/// decode, the steps write in place (no buffer grows), and decoding still equals the full
+/// forward; reserving what is there already changes nothing.
+#[test]
+fn reserve_after_prefill_leaves_room_for_the_steps() {
+    let device = Device::flex();
+    for pattern in ["FA", "LLLF"] {
+        let lm = model(&tiny(pattern, 4), &device);
+        let (seq, prompt) = (12, 8);
+        let ids = tokens(2, seq, 97, 3, &device);
+        let full = lm.forward(ids.clone()).unwrap();
+        let capacity = |cache: &relation_model::LmCache| -> Vec<usize> {
+            cache
+                .layers
+                .iter()
+                .filter_map(|layer| match layer {
+                    relation_model::LayerCache::Full { p2, .. } => Some(p2.dims()[1]),
+                    relation_model::LayerCache::Attention { k, .. } => Some(k.dims()[1]),
+                    _ => None,
+                })
+                .collect()
+        };
+        let mut cache = lm.new_cache();
+        cache.reserve(4).unwrap(); // nothing cached yet: nothing to do
+        assert!(cache.is_empty());
+        lm.prefill(ids.clone().narrow(1, 0, prompt), &mut cache, 5)
+            .unwrap();
+        cache.reserve(seq - prompt).unwrap();
+        let reserved = capacity(&cache);
+        assert!(
+            !reserved.is_empty() && reserved.iter().all(|&c| c >= seq),
+            "{pattern}: capacity {reserved:?} after reserving room for {seq} tokens"
+        );
+        assert_eq!(cache.len(), prompt);
+        let mut outputs = Vec::new();
+        for at in prompt..seq {
+            outputs.push(
+                lm.forward_cached(ids.clone().narrow(1, at, 1), &mut cache)
+                    .unwrap(),
+            );
+        }
+        assert_eq!(
+            capacity(&cache),
+            reserved,
+            "{pattern}: no step grew a buffer"
+        );
+        cache.reserve(0).unwrap();
+        assert_eq!(capacity(&cache), reserved, "{pattern}: room enough already");
+        assert_close(
+            &format!("pattern {pattern}, decoded after reserving"),
+            &Tensor::cat(outputs, 1),
+            &full.narrow(1, prompt, seq - prompt),
+            tolerance(DType::F32, Check::Forward),
+        );
+    }
+}
