@@ -9,12 +9,14 @@
 //!    forward does.
 //!
 //! `m` starts at 0 in every unit (`SiLU(u) >= -0.2785`, so every exponent stays `<= 0.28`; a
-//! unit with no position keeps `l = 0` and adds nothing). Attention's step (a comptime switch of
-//! both kernels) takes the raw scores over positions `0..len` (its own row included), starts
-//! `m` at the lowest finite f32 (its scores have no lower bound; the first one replaces it, and
-//! the empty sums' weight `e^(f32::MIN - s)` is 0) and ends with `Ī`. The integer sizes travel in a small
+//! unit with no position keeps `l = 0` and adds nothing). The integer sizes travel in a small
 //! `u32` table: `(C, block, partials per (b, h), len_0, …, len_{B-1})`, each sequence of the
 //! batch with its own filled length (blocks past a shorter sequence's history hold nothing).
+//!
+//! Attention's step (a comptime switch of both kernels) takes the raw scores over positions
+//! `0..len` (its own row included), starts `m` at the lowest finite f32 (its scores have no lower
+//! bound; the first one replaces it, and the empty sums' weight `e^(f32::MIN - s)` is 0) and
+//! ends with `Ī`.
 
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};

@@ -10,9 +10,10 @@
 //! - each head's weighted sum of `Ĩ` stays in registers over the sub-block's positions instead
 //!   of being loaded and stored once per position.
 //!
-//! Steps 2 to 4 (SiLU or none for attention, the running maxima, the weights) are the portable code's, with fused
-//! multiply-adds as the vectorised dispatch uses on these CPUs. The dot products add their terms
-//! in another order than the portable `dot`, so results differ from it by rounding only.
+//! Steps 2 to 4 (SiLU, or none for attention; the running maxima; the weights) are the portable
+//! code's, with fused multiply-adds as the vectorised dispatch uses on these CPUs. The dot
+//! products add their terms in another order than the portable `dot`, so results differ from it
+//! by rounding only.
 
 use std::arch::x86_64::{
     __m256, _mm_loadu_si128, _mm256_add_ps, _mm256_castsi256_ps, _mm256_cvtepu16_epi32,

@@ -4,13 +4,13 @@
 //! against a K/V cache (the baseline mixer, so that both decode with kernels of equal effort).
 //!
 //! The reference is [`relation_core::naive_relation_rows`] (or its Exchange-only twin, or
-//! [`relation_core::naive_attention_rows`]) over the filled rows. The fused step cuts the cached positions into blocks, reduces each block's
-//! Exchange part on its own to a running maximum, a normaliser and a weighted sum of `Ĩ`
-//! (split-K, as flash-decoding does for attention), and merges the blocks with their
-//! log-sum-exp statistics, so one long sequence keeps every core busy and the cache is read
-//! once: on Flex one pass on the thread pool (`flex.rs`), on CubeCL runtimes two launches, the
-//! blocks and the merge (`cube.rs`). Other backends run the reference over a narrowed view of
-//! the buffers.
+//! [`relation_core::naive_attention_rows`]) over the filled rows. The fused step cuts the cached
+//! positions into blocks, reduces each block's Exchange part (attention's whole softmax) on its
+//! own to a running maximum, a normaliser and a weighted sum of `Ĩ` (split-K, as
+//! flash-decoding does for attention), and merges the blocks with their log-sum-exp statistics,
+//! so one long sequence keeps every core busy and the cache is read once: on Flex one pass on
+//! the thread pool (`flex.rs`), on CubeCL runtimes two launches, the blocks and the merge
+//! (`cube.rs`). Other backends run the reference over a narrowed view of the buffers.
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 mod autodiff;
