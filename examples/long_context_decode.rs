@@ -14,7 +14,8 @@
 //! ```
 //!
 //! `--step-only` times one Full layer's decoding step alone (`flash_relation_decode` against a
-//! random cache of each context), so its read rate is the step's own, not the model's.
+//! random cache of each context), so its read rate is the step's own, not the model's; and
+//! attention's step over the same buffers beside it.
 //!
 //! `--cache-dtypes f32,f16` measures each pattern and context with the per-token caches kept in
 //! f32 and then in f16 (a half-precision Relation Cache: half the bytes per token).
@@ -193,16 +194,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// One Full layer's decoding step alone: `flash_relation_decode` of one new row against a random
 /// Relation Cache of each context (`[1, C, 8, 32]` buffers, filled), in each cache dtype; the
 /// query in f32 as the model computes it. The step's read rate is its cache bytes over its time.
+/// Beside it, attention's step (`flash_attention_decode`) over the same buffers as keys and
+/// values, timed in turns with it: the same kernels without SiLU and the Self term.
 fn step_only(
     args: &Args,
     storages: &[burn::tensor::DType],
     bandwidth: f64,
     device: &burn::tensor::Device,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use relation_kernels::{CachedRows, Strategy, flash_relation_decode};
+    use relation_kernels::{CachedRows, Strategy, flash_attention_decode, flash_relation_decode};
     let (h, d) = (8, 32);
-    println!("| cache | context | step µs | cache MiB | cache read GB/s | share of triad |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| cache | context | step µs | attention step µs | cache MiB | cache read GB/s | share of triad |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let mut rng = SplitMix64::new(2);
     let mut random = |n: usize| -> Vec<f32> { (0..n).map(|_| rng.next_signed() as f32).collect() };
     for (&context, &storage) in args
@@ -218,22 +223,35 @@ fn step_only(
         let info = buffer(random(context * h * d));
         let p1 = Tensor::<4>::from_data(TensorData::new(random(h * d), [1, 1, h, d]), device);
         let lambda = Tensor::<1>::from_data(TensorData::new(vec![0.5f32], [1]), device);
-        let step = || {
-            let rows = CachedRows::uniform(p2.clone(), info.clone(), context);
-            flash_relation_decode(p1.clone(), rows, lambda.clone(), 1.0, Strategy::Auto)
+        let rows = || CachedRows::uniform(p2.clone(), info.clone(), context);
+        let relation = || {
+            flash_relation_decode(p1.clone(), rows(), lambda.clone(), 1.0, Strategy::Auto)
                 .map(|y| y.into_data())
         };
-        step()?; // warm-up
-        let start = Instant::now();
+        let attention =
+            || flash_attention_decode(p1.clone(), rows(), Strategy::Auto).map(|y| y.into_data());
+        relation()?; // warm-up
+        attention()?;
+        // In turns, so that both see the same state of the machine.
+        let (mut relation_s, mut attention_s) = (0.0, 0.0);
         for _ in 0..args.new_tokens {
-            step()?;
+            let start = Instant::now();
+            relation()?;
+            relation_s += start.elapsed().as_secs_f64();
+            let start = Instant::now();
+            attention()?;
+            attention_s += start.elapsed().as_secs_f64();
         }
-        let seconds = start.elapsed().as_secs_f64() / args.new_tokens as f64;
+        let (seconds, attention_seconds) = (
+            relation_s / args.new_tokens as f64,
+            attention_s / args.new_tokens as f64,
+        );
         let bytes = (2 * context * h * d * storage.size()) as f64;
         let read = bytes / seconds / 1e9;
         println!(
-            "| {storage:?} | {context} | {:.0} | {:.2} | {read:.2} | {:.0} % |",
+            "| {storage:?} | {context} | {:.0} | {:.0} | {:.2} | {read:.2} | {:.0} % |",
             seconds * 1e6,
+            attention_seconds * 1e6,
             bytes / (1024.0 * 1024.0),
             100.0 * read / bandwidth,
         );
