@@ -226,12 +226,16 @@ pub fn linear_relation_step(
     }
     let dims = check_inputs(&x, tau)?;
     if strategy.use_fused(OP, &x.p1)? {
-        let needs_grad = [&x.p1, &x.p2, &x.info, &x.log_alpha]
-            .into_iter()
-            .chain(&x.initial_state)
-            .any(Tensor::is_require_grad);
-        if dims.seq == 1 && !needs_grad {
-            return one_step(x, tau, dims);
+        // The one-launch step exists only where the kernels do (`use_fused` is false elsewhere).
+        #[cfg(any(feature = "flex", feature = "cube"))]
+        {
+            let needs_grad = [&x.p1, &x.p2, &x.info, &x.log_alpha]
+                .into_iter()
+                .chain(&x.initial_state)
+                .any(Tensor::is_require_grad);
+            if dims.seq == 1 && !needs_grad {
+                return one_step(x, tau, dims);
+            }
         }
         fused(x, tau, dims, LinearRelationMode::Recurrent)
     } else {
