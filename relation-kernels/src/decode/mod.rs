@@ -222,6 +222,18 @@ enum Mixer {
     Attention,
 }
 
+impl Mixer {
+    /// The kernels' name for it.
+    #[cfg(any(feature = "flex", feature = "cube"))]
+    fn kind(&self) -> DecodeMixer {
+        match self {
+            Self::Relation { .. } => DecodeMixer::Relation,
+            Self::ExchangeOnly => DecodeMixer::ExchangeOnly,
+            Self::Attention => DecodeMixer::Attention,
+        }
+    }
+}
+
 /// The checks and the choice of path.
 fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) -> Result<Tensor<4>> {
     let CachedRows { p2, info, lens } = cache;
@@ -289,25 +301,17 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) ->
     #[cfg(any(feature = "flex", feature = "cube"))]
     {
         use burn::backend::Dispatch;
-        let (lambda, tau_s, mixer) = match mixer {
-            Mixer::Relation { lambda, tau_s } => (lambda, tau_s, DecodeMixer::Relation),
+        let kind = mixer.kind();
+        let (lambda, tau_s) = match mixer {
+            Mixer::Relation { lambda, tau_s } => (lambda, tau_s),
             // Unused by the others; any valid scalars.
-            Mixer::ExchangeOnly => (
-                Tensor::zeros([1], &p1.device()),
-                1.0,
-                DecodeMixer::ExchangeOnly,
-            ),
-            Mixer::Attention => (
-                Tensor::zeros([1], &p1.device()),
-                1.0,
-                DecodeMixer::Attention,
-            ),
+            Mixer::ExchangeOnly | Mixer::Attention => (Tensor::zeros([1], &p1.device()), 1.0),
         };
         let params = DecodeParams {
             lens,
             scale: 1.0 / (rows.head_dim as f32).sqrt(),
             inv_tau: (1.0 / tau_s) as f32,
-            mixer,
+            mixer: kind,
         };
         let lambda = lambda.cast(dtype);
         // Flex reads a half-precision cache in place; the CubeCL kernels take one dtype, so a

@@ -94,25 +94,6 @@ impl LayerCache {
         self.lens().iter().copied().max().unwrap_or(0)
     }
 
-    /// Room in every per-token buffer for `tokens` more tokens past the longest sequence, so
-    /// that decoding them writes in place: after a prefill the buffers hold the prompt exactly,
-    /// and the first step would otherwise copy the whole cache into grown buffers. A cache that
-    /// has the room already, or holds nothing yet, is left as it is. ([`DecodeBatch`] reserves
-    /// when sequences join it.)
-    ///
-    /// [`DecodeBatch`]: crate::DecodeBatch
-    ///
-    /// # Errors
-    /// As [`LmCache::join_reserving`] (not for a cache of one model).
-    pub fn reserve(&mut self, tokens: usize) -> Result<()> {
-        if self.is_empty() {
-            return Ok(());
-        }
-        // A clone of the handles (not of the buffers), so that an error leaves the cache whole.
-        *self = Self::join_reserving(vec![self.clone()], self.len() + tokens)?;
-        Ok(())
-    }
-
     /// Whether nothing is cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -584,7 +565,8 @@ impl LmCache {
     /// [`DecodeBatch`]: crate::DecodeBatch
     ///
     /// # Errors
-    /// As [`LmCache::join_reserving`] (not for a cache of one model).
+    /// As [`LmCache::join_reserving`]: for one model's cache, only a layer left empty while the
+    /// others hold tokens.
     pub fn reserve(&mut self, tokens: usize) -> Result<()> {
         if self.is_empty() {
             return Ok(());
