@@ -3,7 +3,9 @@
 //! with random weights (speed and memory do not depend on what the weights learned).
 //!
 //! For each pattern and context length a fresh cache is prefilled with that many tokens
-//! ([`RelationLm::prefill`]: one pass for `F`/`L` models), then `--new-tokens` tokens are decoded
+//! ([`RelationLm::prefill`]: one pass for `F`/`L`/`A` models; `--prefill-parts 4` feeds it in
+//! four calls, each against what the ones before cached, as turns of a conversation would),
+//! then `--new-tokens` tokens are decoded
 //! greedily one at a time. A Linear Relation layer's cache is one `D x D` state per head, so an
 //! `L` model's cache and decoding cost stay flat as the context grows; Relation and attention
 //! layers keep every token's keys and information and read all of them for each new token.
@@ -48,9 +50,13 @@ struct Args {
     /// Tokens decoded at each context length.
     #[arg(long, default_value_t = 64)]
     new_tokens: usize,
-    /// Prompt tokens per prefill pass for models that are not all `F`/`L` layers.
+    /// Prompt tokens per prefill pass for models that are not all `F`/`L`/`A` layers.
     #[arg(long, default_value_t = relation_model::PREFILL_CHUNK)]
     chunk: usize,
+    /// Calls the context is prefilled in, equal parts (the last takes the remainder), each
+    /// against what the ones before cached.
+    #[arg(long, default_value_t = 1)]
+    prefill_parts: usize,
     /// Dtypes the per-token caches are kept in, comma-separated (`f32`, `f16`, `bf16`); each
     /// pattern and context is measured with each, one after the other.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
@@ -158,7 +164,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let ids: Vec<i64> = (0..context).map(|_| rng.below(4096) as i64).collect();
             let tokens = Tensor::<2, Int>::from_data(TensorData::new(ids, [1, context]), &device);
             let start = Instant::now();
-            let last = lm.prefill(tokens, &mut cache, args.chunk)?; // [1, V]
+            let part = context.div_ceil(args.prefill_parts.max(1));
+            let mut last = None;
+            for at in (0..context).step_by(part) {
+                let len = part.min(context - at);
+                let tokens = tokens.clone().narrow(1, at, len);
+                last = Some(lm.prefill(tokens, &mut cache, args.chunk)?); // [1, V]
+            }
+            let last = last.ok_or("--contexts: every context needs at least one token")?;
             let mut next = argmax(&last.into_data().try_to_vec::<f32>()?);
             let prefill = context as f64 / start.elapsed().as_secs_f64();
             // Room for the tokens to decode, so that no step copies the cache to grow it.

@@ -1,9 +1,11 @@
-//! One decoding step against a Relation Cache (`flash_relation_decode`,
-//! `flash_exchange_only_decode`) or a K/V cache (`flash_attention_decode`): the fused split-K
-//! step on every device with kernels against the reference rows over the filled part of the cache, with NaN in the cache's spare rows (a step
-//! must never read them) and the outputs poisoned; awkward head dimensions and lengths from 1
-//! (no history) to several blocks; sequences of different lengths in one batch; f32, f16 and
-//! bf16; the last row of the full forward; bad inputs.
+//! New rows against a Relation Cache (`flash_relation_decode`, `flash_exchange_only_decode`)
+//! or a K/V cache (`flash_attention_decode`): one row per sequence (the fused split-K step) and
+//! several (the tiled forward from the first new row's position: a prompt from an empty cache,
+//! a chunk across a tile boundary) on every device with kernels, against the reference rows
+//! over the filled part of the cache, with NaN in the cache's spare rows (a step must never read
+//! them) and the outputs poisoned; awkward head dimensions and lengths from 1 (no history) to
+//! several blocks; sequences of different lengths in one batch; f32, f16 and bf16; the last
+//! rows of the full forward; bad inputs.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
@@ -17,13 +19,14 @@ use relation_kernels::{
 
 use crate::common::{assert_path, devices, to_flex};
 
-/// `[B, C, H, D]` buffers whose first `len` rows are random and the rest NaN, and a query row.
-fn cache(b: usize, len: usize, spare: usize, h: usize, d: usize, seed: u64) -> [TensorData; 3] {
+/// `[B, C, H, D]` buffers whose first `len` rows are random and the rest NaN, and `n` query
+/// rows.
+fn cache(b: usize, len: usize, spare: usize, [h, d, n]: [usize; 3], seed: u64) -> [TensorData; 3] {
     let flex = Device::flex();
     let filled = |seed, scale| uniform([b, len, h, d], seed, scale, &flex, DType::F32);
     let nan = Tensor::<4>::full([b, spare, h, d], f32::NAN, &flex);
     let buffer = |seed, scale| Tensor::cat(vec![filled(seed, scale), nan.clone()], 1).into_data();
-    let query = uniform([b, 1, h, d], seed + 9, 2.0, &flex, DType::F32).into_data();
+    let query = uniform([b, n, h, d], seed + 9, 2.0, &flex, DType::F32).into_data();
     [query, buffer(seed, 2.0), buffer(seed + 1, 1.0)]
 }
 
@@ -59,7 +62,9 @@ fn fused_steps(what: &str, q: Tensor<4>, rows: CachedRows) -> [Tensor<4>; 3] {
 /// rounded inputs), with and without the Self term.
 fn check_decode(device: &Device, dtype: DType) {
     check_decode_cached_as(device, dtype, dtype);
-    check_ragged(device, dtype);
+    for n in [1, 65] {
+        check_ragged(device, dtype, n);
+    }
 }
 
 /// As [`check_decode`] with the query in `dtype` and the cache held in `cache_dtype`.
@@ -69,8 +74,10 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
     let lambda = |device: &Device| Tensor::<1>::from_data([0.7f32], device);
     // (B, len, spare rows, H, D): no history, one, a ragged block, several blocks of the split;
     // on x86 CPUs with AVX2, D a multiple of eight takes the hand-vectorised block (ten heads:
-    // one group of eight and a partial one) and D 60 the portable one.
-    for (b, len, spare, h, d) in [
+    // one group of eight and a partial one) and D 60 the portable one. Each with one new row
+    // (the split-K step), two, 65 (across a tile boundary, from a position that is not a
+    // multiple of the tile) and, up to 1000, every row (a prompt from an empty cache).
+    let shapes = [
         (1, 1, 3, 2, 48),
         (2, 2, 0, 3, 60),
         (1, 63, 5, 2, 80),
@@ -78,10 +85,21 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
         (1, 5000, 1, 2, 48),
         (2, 777, 3, 10, 32),
         (1, 300, 2, 3, 60),
-    ] {
-        let [q, p2, info] = cache(b, len, spare, h, d, len as u64);
+    ];
+    let cases = shapes.into_iter().flat_map(|(b, len, spare, h, d)| {
+        let mut rows = vec![1, 2, 65];
+        if len <= 1000 {
+            rows.push(len);
+        }
+        rows.dedup();
+        rows.into_iter()
+            .filter(move |&n| n <= len)
+            .map(move |n| (b, len, spare, h, d, n))
+    });
+    for (b, len, spare, h, d, n) in cases {
+        let [q, p2, info] = cache(b, len, spare, [h, d, n], len as u64 + n as u64);
         let what = format!(
-            "{device:?} B {b} len {len} spare {spare} H {h} D {d} {dtype:?}, cache {cache_dtype:?}"
+            "{device:?} B {b} len {len} new rows {n} spare {spare} H {h} D {d} {dtype:?}, cache {cache_dtype:?}"
         );
         let rows = |device: &Device| {
             CachedRows::uniform(
@@ -131,13 +149,13 @@ fn check_decode_cached_as(device: &Device, dtype: DType, cache_dtype: DType) {
     }
 }
 
-/// Sequences of different lengths in one batch (batched decoding of different prompts): each
-/// row of the step equals the reference over that sequence's own filled rows alone, with NaN in
-/// every row past a sequence's length.
-fn check_ragged(device: &Device, dtype: DType) {
+/// Sequences of different lengths in one batch (batched decoding of different prompts), with
+/// `n` new rows each: each sequence's rows equal the reference over that sequence's own filled
+/// rows alone, with NaN in every row past a sequence's length.
+fn check_ragged(device: &Device, dtype: DType, n: usize) {
     let flex = Device::flex();
     let (c, h, d) = (1030, 2, 48);
-    let lens = [700usize, 1, 63, 1024];
+    let lens = [700usize, n, 62 + n, 1024];
     let b = lens.len();
     let lambda = |device: &Device| Tensor::<1>::from_data([0.7f32], device);
     let buffer = |seed: u64, scale| {
@@ -159,8 +177,8 @@ fn check_ragged(device: &Device, dtype: DType) {
         Tensor::cat(rows, 0).into_data()
     };
     let (p2, info) = (buffer(1, 2.0), buffer(2, 1.0));
-    let q = uniform([b, 1, h, d], 3, 2.0, &flex, DType::F32).into_data();
-    let what = format!("{device:?} ragged lens {lens:?} {dtype:?}");
+    let q = uniform([b, n, h, d], 3, 2.0, &flex, DType::F32).into_data();
+    let what = format!("{device:?} ragged lens {lens:?}, {n} new rows, {dtype:?}");
     let rows = |device: &Device| CachedRows {
         p2: on(&p2, device, dtype),
         info: on(&info, device, dtype),
@@ -270,9 +288,9 @@ bf16_device_tests! {
 }
 
 #[test]
-fn decode_step_is_the_last_row_of_the_full_forward() {
-    // What cached decoding relies on: the step over a cache of T rows gives row T - 1 of the
-    // fused forward over the same T tokens.
+fn new_rows_are_the_last_rows_of_the_full_forward() {
+    // What cached decoding and chunked prefill rely on: the last n rows against a cache of T
+    // rows are rows T - n .. T of the fused forward over the same T tokens.
     let (b, t, h, d) = (2, 300, 2, 32);
     for device in devices() {
         let x = |seed, scale| uniform([b, t, h, d], seed, scale, &device, DType::F32);
@@ -285,27 +303,29 @@ fn decode_step_is_the_last_row_of_the_full_forward() {
             Strategy::Auto,
         )
         .unwrap();
-        let step = flash_relation_decode(
-            p1.narrow(1, t - 1, 1),
-            CachedRows::uniform(p2, info, t),
-            lambda,
-            DEFAULT_TAU,
-            Strategy::Auto,
-        )
-        .unwrap();
-        assert_close(
-            &format!("{device:?}"),
-            &step,
-            &full.narrow(1, t - 1, 1),
-            tolerance(DType::F32, Check::Forward),
-        );
+        for n in [1, 64, 100, t] {
+            let rows = flash_relation_decode(
+                p1.clone().narrow(1, t - n, n),
+                CachedRows::uniform(p2.clone(), info.clone(), t),
+                lambda.clone(),
+                DEFAULT_TAU,
+                Strategy::Auto,
+            )
+            .unwrap();
+            assert_close(
+                &format!("{device:?} last {n} rows"),
+                &rows,
+                &full.clone().narrow(1, t - n, n),
+                tolerance(DType::F32, Check::Forward),
+            );
+        }
     }
 }
 
 #[test]
 fn decode_step_refuses_inputs_that_do_not_fit() {
     let flex = Device::flex();
-    let [q, p2, info] = cache(1, 8, 2, 2, 16, 5);
+    let [q, p2, info] = cache(1, 8, 2, [2, 16, 1], 5);
     let rows = |len| {
         CachedRows::uniform(
             on(&p2, &flex, DType::F32),
@@ -335,8 +355,17 @@ fn decode_step_refuses_inputs_that_do_not_fit() {
         Strategy::Auto,
     );
     assert!(message(r).contains("2 lengths for a batch of 1 sequences"));
-    let two_rows = Tensor::cat(vec![q1.clone(), q1.clone()], 1);
-    assert!(message(step(two_rows, 8)).contains("one new row per sequence"));
+    let nine_rows = Tensor::cat(vec![q1.clone(); 9], 1);
+    assert!(
+        message(step(nine_rows.clone(), 8))
+            .contains("len 8 of sequence 0 for 9 new rows: the cache holds each new row")
+    );
+    assert!(
+        step(nine_rows.narrow(1, 0, 8), 8).is_ok(),
+        "n = len is a prompt"
+    );
+    let no_rows = Tensor::<4>::from_data(TensorData::new(Vec::<f32>::new(), [1, 0, 2, 16]), &flex);
+    assert!(message(step(no_rows, 8)).contains("`p1` has an empty dimension `T`"));
     // A cache may be f16 or bf16 under any query, but not wider than the query.
     let f32_cache_half_query = step(q1.clone().cast(DType::F16), 8);
     assert!(
@@ -382,18 +411,22 @@ fn attention_step_takes_scores_far_below_zero() {
     // Every key points away from the query, so every score is far below zero (about -300): a
     // running maximum that started at 0, as the Relation's does, would weigh every position 0
     // and give 0/0. The step must match the reference softmax, which subtracts the row's own
-    // maximum.
+    // maximum; so must 70 new rows (the tiled forward), all near the same query.
     let (b, len, h, d) = (2, 700, 2, 48);
-    for device in devices() {
+    for (device, n) in devices()
+        .into_iter()
+        .flat_map(|d| [(d.clone(), 1), (d, 70)])
+    {
         let flex = Device::flex();
-        let q = uniform([b, 1, h, d], 4, 2.0, &flex, DType::F32);
+        let one = uniform([b, 1, h, d], 4, 2.0, &flex, DType::F32);
+        let q = one.clone().expand([b, n, h, d]) + uniform([b, n, h, d], 7, 0.1, &flex, DType::F32);
         let noise = uniform([b, len, h, d], 5, 0.5, &flex, DType::F32);
-        let keys = q.clone().expand([b, len, h, d]) * (-20.0) + noise;
+        let keys = one.expand([b, len, h, d]) * (-20.0) + noise;
         let values = uniform([b, len, h, d], 6, 1.0, &flex, DType::F32);
         let expected = naive_attention_rows(q.clone(), keys.clone(), values.clone()).unwrap();
         let to = |t: &Tensor<4>| Tensor::<4>::from_data(t.to_data(), &device);
         let rows = CachedRows::uniform(to(&keys), to(&values), len);
-        let what = format!("{device:?} scores far below zero");
+        let what = format!("{device:?} scores far below zero, {n} new rows");
         let step = assert_path(&what, "fused", || {
             flash_attention_decode(to(&q), rows, Strategy::Fused).unwrap()
         });

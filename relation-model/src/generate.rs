@@ -139,21 +139,23 @@ fn walk(weighted: impl Iterator<Item = (usize, f64)>, mut u: f64) -> Option<u32>
 }
 
 /// Prompt tokens per forward pass when [`RelationLm::generate`] prefills a prompt of a model
-/// with layers other than `F` and `L` (those take the prompt in one pass; see
-/// [`RelationLm::prefill`]).
+/// with layers other than `F`, `L` and `A`, or on a backend without the fused kernels (the
+/// others take the prompt in one pass; see [`RelationLm::prefill`]).
 pub const PREFILL_CHUNK: usize = 2048;
 
 impl RelationLm {
     /// Feeds `tokens` into `cache` and returns the logits after the last token: the start of
     /// decoding. Only the last position's logits are computed (never `[n, V]`).
     ///
-    /// From an empty cache, a model whose layers are all Relation (`F`) or Linear Relation (`L`)
-    /// takes the prompt in one pass: FlashRelation's fused kernel and the Linear Relation scan
-    /// keep `O(n D)` memory, so any length costs its activations plus the cache. Otherwise (a
-    /// cache that already holds tokens, or attention, RealFormer, retention or KDA layers) the
-    /// prompt goes `chunk` tokens per pass (the last pass may be shorter): a chunk's rows are then
-    /// computed against every cached position with the reference, whose scores take
-    /// `H · chunk · context` floats — lower `chunk` for long contexts.
+    /// On a device with the fused kernels (Flex, CubeCL runtimes), a model whose layers are all
+    /// Relation (`F`), Linear Relation (`L`) or attention (`A`) takes the prompt in one pass,
+    /// whatever the cache already holds: FlashRelation's forward, the Linear Relation scan and
+    /// the tiled rows of the new tokens against the cache keep `O(n D)` memory, so any length
+    /// costs its activations plus the cache. Otherwise (RealFormer, retention or KDA layers, or
+    /// a backend that runs the references) the prompt goes `chunk` tokens per pass (the last pass
+    /// may be shorter): a chunk's rows are then computed against every cached position with the
+    /// reference, whose scores take `H · chunk · context` floats — lower `chunk` for long
+    /// contexts.
     ///
     /// # Shapes
     /// - `tokens`: `[B, n]`, output: `[B, V]`
@@ -178,11 +180,13 @@ impl RelationLm {
                 name: "prefill chunk",
             });
         }
-        let fused_layers = self
-            .blocks
-            .iter()
-            .all(|b| matches!(b.mixer, Mixer::Full(_) | Mixer::Linear(_)));
-        let chunk = if cache.is_empty() && fused_layers {
+        let fused_layers = self.blocks.iter().all(|b| {
+            matches!(
+                b.mixer,
+                Mixer::Full(_) | Mixer::Linear(_) | Mixer::Attention(_)
+            )
+        });
+        let chunk = if fused_layers && relation_kernels::has_kernels(&tokens.device()) {
             n
         } else {
             chunk

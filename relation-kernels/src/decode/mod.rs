@@ -11,11 +11,18 @@
 //! so one long sequence keeps every core busy and the cache is read once: on Flex one pass on
 //! the thread pool (`flex.rs`), on CubeCL runtimes two launches, the blocks and the merge
 //! (`cube.rs`). Other backends run the reference over a narrowed view of the buffers.
+//!
+//! Several new rows per sequence (a prompt, or a chunk of one, against what is cached) take the
+//! tiled forward instead, from the first new row's position: on Flex the tasks of FlashRelation's
+//! forward (`flash_relation/flex_rows.rs`), on CubeCL its row-per-unit kernel (`cube_rows.rs`),
+//! each for all three mixers. No `n x C` score matrix exists on either.
 
 #[cfg(any(feature = "flex", feature = "cube"))]
 mod autodiff;
 #[cfg(feature = "cube")]
 mod cube;
+#[cfg(feature = "cube")]
+mod cube_rows;
 #[cfg(feature = "flex")]
 mod flex;
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
@@ -38,7 +45,7 @@ use crate::strategy::Strategy;
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecodeParams {
     /// Filled rows of each sequence's cache buffer (one per batch row): positions `0..len`, the
-    /// new token at `len - 1`.
+    /// `n` new rows at `len - n .. len`.
     pub lens: Vec<usize>,
     /// `1 / sqrt(D)`.
     pub scale: f32,
@@ -73,11 +80,12 @@ pub enum DecodeMixer {
     Autodiff,
 )]
 pub trait DecodeOps: Backend {
-    /// The new token's output row.
+    /// The new rows' outputs.
     ///
     /// # Shapes
-    /// - `p1`: `[B, 1, H, D]`; `p2`, `info`: `[B, C, H, D]` with `C >= params.len`; `lambda`: `[1]`
-    /// - output: `[B, 1, H, D]`, in `p1`'s dtype
+    /// - `p1`: `[B, n, H, D]`; `p2`, `info`: `[B, C, H, D]` with `n <= params.lens[b] <= C`;
+    ///   `lambda`: `[1]`
+    /// - output: `[B, n, H, D]`, in `p1`'s dtype
     #[fusion(dtype = p1, shape = p1)]
     fn flash_relation_decode(
         p1: FloatTensor<Self>,
@@ -97,7 +105,11 @@ impl DecodeOps for burn::backend::Flex {
         lambda: FloatTensor<Self>,
         params: DecodeParams,
     ) -> FloatTensor<Self> {
-        flex::decode(p1, p2, info, lambda, params)
+        if crate::flex::dims4(&p1)[1] == 1 {
+            flex::decode(p1, p2, info, lambda, params)
+        } else {
+            crate::flash_relation::flex_rows::rows(p1, p2, info, lambda, &params)
+        }
     }
 }
 
@@ -110,7 +122,11 @@ impl DecodeOps for burn_cubecl::CubeBackend {
         lambda: FloatTensor<Self>,
         params: DecodeParams,
     ) -> FloatTensor<Self> {
-        cube::decode(p1, p2, info, lambda, params)
+        if p1.meta.shape()[1] == 1 {
+            cube::decode(p1, p2, info, lambda, params)
+        } else {
+            cube_rows::rows(p1, p2, info, lambda, &params)
+        }
     }
 }
 
@@ -128,8 +144,8 @@ pub struct CachedRows {
     pub p2: Tensor<4>,
     /// `Ĩ` of every position, rows `lens[b]..C` of sequence `b` unused.
     pub info: Tensor<4>,
-    /// Filled rows of each sequence (`B` values): positions `0..len`, the new token's at
-    /// `len - 1`.
+    /// Filled rows of each sequence (`B` values): positions `0..len`, the `n` new tokens' the
+    /// last `n`.
     pub lens: Vec<usize>,
 }
 
@@ -141,13 +157,16 @@ impl CachedRows {
     }
 }
 
-/// The new token's row of the Self-Exchange Relation against the cache: for each sequence `b`,
-/// row `lens[b] - 1` of [`relation_core::naive_relation_rows`] over its `lens[b]` filled rows of
-/// `cache`, which already hold the new token's `P2` and `Ĩ`.
+/// The new tokens' rows of the Self-Exchange Relation against the cache: for each sequence
+/// `b`, rows `lens[b] - n .. lens[b]` of [`relation_core::naive_relation_rows`] over its
+/// `lens[b]` filled rows of `cache`, which already hold the new tokens' `P2` and `Ĩ`. One new
+/// token (`n = 1`) is a decoding step; more are a prompt, or a chunk of one, against what is
+/// cached before it.
 ///
-/// [`Strategy::Auto`] runs the fused split-K step on Flex and CubeCL runtimes (f32, f16, bf16;
-/// computed in f32) and the reference over the filled rows elsewhere; [`Strategy::Fused`] is an
-/// error on a device without kernels.
+/// [`Strategy::Auto`] runs the fused kernels on Flex and CubeCL runtimes (f32, f16, bf16;
+/// computed in f32): the split-K step for one new row, the tiled forward from the first new
+/// row's position for several. Elsewhere the reference over the filled rows; [`Strategy::Fused`]
+/// is an error on a device without kernels.
 ///
 /// The cache may be held in f16 or bf16 whatever the query's dtype (a half-precision Relation
 /// Cache: half the memory and half the bytes a step reads): every path computes with the
@@ -155,13 +174,13 @@ impl CachedRows {
 /// widen it first.
 ///
 /// # Shapes
-/// - `p1`: `[B, 1, H, D]`; `cache`: `[B, C, H, D]` buffers; `lambda`: `[1]`
-/// - output: `[B, 1, H, D]`
+/// - `p1`: `[B, n, H, D]`; `cache`: `[B, C, H, D]` buffers, `n <= lens[b] <= C`; `lambda`: `[1]`
+/// - output: `[B, n, H, D]`
 ///
 /// # Errors
-/// Mismatched shapes or devices; a cache whose dtype is neither the query's nor f16/bf16, or
-/// `p2` and `info` of different dtypes; not one length per sequence, a length 0 or above `C`;
-/// a bad `tau_s`;
+/// Mismatched shapes or devices; no new row; a cache whose dtype is neither the query's nor
+/// f16/bf16, or `p2` and `info` of different dtypes; not one length per sequence, a length 0,
+/// above `C` or below `n`; a bad `tau_s`;
 /// [`Strategy::Fused`] on a device without kernels.
 pub fn flash_relation_decode(
     p1: Tensor<4>,
@@ -176,11 +195,12 @@ pub fn flash_relation_decode(
     decode(p1, cache, Mixer::Relation { lambda, tau_s }, strategy)
 }
 
-/// The new token's row of the Exchange-only ablation against the cache (row `lens[b] - 1` of
-/// [`relation_core::naive_exchange_only_rows`]); as [`flash_relation_decode`] otherwise.
+/// The new tokens' rows of the Exchange-only ablation against the cache (rows `lens[b] - n ..
+/// lens[b]` of [`relation_core::naive_exchange_only_rows`]); as [`flash_relation_decode`]
+/// otherwise.
 ///
 /// # Shapes
-/// - `p1`: `[B, 1, H, D]`; `cache`: `[B, C, H, D]` buffers; output: `[B, 1, H, D]`
+/// - `p1`: `[B, n, H, D]`; `cache`: `[B, C, H, D]` buffers; output: `[B, n, H, D]`
 ///
 /// # Errors
 /// As [`flash_relation_decode`].
@@ -192,16 +212,17 @@ pub fn flash_exchange_only_decode(
     decode(p1, cache, Mixer::ExchangeOnly, strategy)
 }
 
-/// The new token's row of causal softmax attention against a K/V cache: for each sequence `b`,
-/// row `lens[b] - 1` of [`relation_core::naive_attention_rows`] over its `lens[b]` filled rows,
-/// which already hold the new token's key and value. The same split-K kernels as
-/// [`flash_relation_decode`] (raw scores over every filled row, the new one included, and no
-/// Self term), with the same paths, dtypes and half-precision caches.
+/// The new tokens' rows of causal softmax attention against a K/V cache: for each sequence
+/// `b`, rows `lens[b] - n .. lens[b]` of [`relation_core::naive_attention_rows`] over its
+/// `lens[b]` filled rows, which already hold the new tokens' keys and values. The same kernels as
+/// [`flash_relation_decode`] (raw scores over the filled rows up to each row's own, and no Self
+/// term), with the same paths, dtypes and half-precision caches: a prompt prefilled through it
+/// from an empty cache is flash attention's causal forward.
 ///
 /// # Shapes
-/// - `q`: `[B, 1, H, D]` (rotated); `cache`: `p2` the rotated keys, `info` the values, `[B, C,
-///   H, D]` buffers
-/// - output: `[B, 1, H, D]`
+/// - `q`: `[B, n, H, D]` (rotated); `cache`: `p2` the rotated keys, `info` the values, `[B, C,
+///   H, D]` buffers, `n <= lens[b] <= C`
+/// - output: `[B, n, H, D]`
 ///
 /// # Errors
 /// As [`flash_relation_decode`] (the messages name the keys `p2` and the values `info`).
@@ -240,10 +261,10 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) ->
     let rows = check::bthd("p2", &p2)?;
     check::same_bthd("info", &info, "p2", &rows)?;
     let q = check::bthd("p1", &p1)?;
-    if q.seq != 1 || (q.batch, q.heads, q.head_dim) != (rows.batch, rows.heads, rows.head_dim) {
+    if (q.batch, q.heads, q.head_dim) != (rows.batch, rows.heads, rows.head_dim) {
         return Err(KernelError::DecodeInputs {
             reason: format!(
-                "one new row per sequence, p1 [B, 1, H, D], against a cache [B, C, H, D]; got p1 {:?} and p2 {:?}",
+                "new rows p1 [B, n, H, D] against a cache [B, C, H, D]; got p1 {:?} and p2 {:?}",
                 p1.dims(),
                 p2.dims()
             ),
@@ -263,6 +284,14 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) ->
         return Err(KernelError::DecodeInputs {
             reason: format!(
                 "len {len} of sequence {b}: the cache holds {c} rows, and len must be in 1..={c}"
+            ),
+        });
+    }
+    let n = q.seq;
+    if let Some((b, &len)) = lens.iter().enumerate().find(|&(_, &l)| l < n) {
+        return Err(KernelError::DecodeInputs {
+            reason: format!(
+                "len {len} of sequence {b} for {n} new rows: the cache holds each new row, so len must be at least {n}"
             ),
         });
     }

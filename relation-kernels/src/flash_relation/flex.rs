@@ -35,6 +35,7 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 use super::{NO_HISTORY_LSE, STATS, stat};
+use crate::decode::DecodeMixer;
 use crate::flex::{
     Mat, MulAdd, Strided, Triangle, Uninit, Vectorized, dims4, exp, f32_data, gemm, head_rows,
     read_f32, sigmoid, silu, tensor, transpose_heads, vectorized, zero_rows,
@@ -62,7 +63,8 @@ struct Forward {
 /// The inputs of one `(b, h)`, read in place from `[B, T, H, D]`.
 #[derive(Clone, Copy)]
 pub(super) struct Head<'a> {
-    /// `P1`, `P2`, `Ĩ` from this head's first row on: row `i` at `i * ld`.
+    /// `P1`, `P2`, `Ĩ` from this head's first row on: row `i` at `i * ld` (`P1`'s row of
+    /// position `i` at `(i - q0) * ld`).
     pub(super) p1: &'a [f32],
     pub(super) p2: &'a [f32],
     pub(super) info: &'a [f32],
@@ -72,6 +74,9 @@ pub(super) struct Head<'a> {
     pub(super) ld: usize,
     pub(super) t: usize,
     pub(super) d: usize,
+    /// The position of `P1`'s first row: 0, or the first new row of a call against a cache
+    /// ([`with_queries`](Self::with_queries)).
+    pub(super) q0: usize,
 }
 
 impl<'a> Head<'a> {
@@ -94,7 +99,14 @@ impl<'a> Head<'a> {
             ld: h * d,
             t,
             d,
+            q0: 0,
         }
+    }
+
+    /// The same keys with queries from elsewhere: `p1` (row stride `H·D`) holds the rows of
+    /// positions `q0..t`, the last rows of the sequence whose keys this head holds.
+    pub(super) fn with_queries(self, p1: &'a [f32], q0: usize) -> Self {
+        Self { p1, q0, ..self }
     }
 
     /// Row `i` of `x` (one of this head's inputs, or a saved tensor of the same layout).
@@ -142,7 +154,7 @@ pub(super) fn scores(
             data: u,
             ld: BLOCK_K,
         },
-        head.rows(head.p1, i0),
+        head.rows(head.p1, i0 - head.q0),
         Mat::rows(&head.p2t[j0..], head.t), // P2ᵀ[:, j0..]
         scale,
         false,
@@ -199,6 +211,11 @@ fn launch_forward(
     );
     let [b, t, h, d] = dims;
     let stat_dims = [b, t, h, STATS];
+    let mixer = if exchange_only {
+        DecodeMixer::ExchangeOnly
+    } else {
+        DecodeMixer::Relation
+    };
     let seqs = sequences(b, t, segments.as_ref());
     let dtype = p1.dtype();
     let lambda = read_f32(&lambda)[0];
@@ -235,7 +252,7 @@ fn launch_forward(
                         lambda,
                         scale,
                         inv_tau,
-                        exchange_only,
+                        mixer,
                     });
                 });
         });
@@ -258,25 +275,27 @@ fn launch_forward(
 }
 
 /// The output rows of one forward task (`n` rows each).
-struct Rows<'a, 'b> {
+pub(super) struct Rows<'a, 'b> {
     /// Rows of `D`, written once at the end.
-    y: &'a mut [&'b mut [MaybeUninit<f32>]],
+    pub(super) y: &'a mut [&'b mut [MaybeUninit<f32>]],
     /// Rows of `D`: the accumulator `z` during the scan (zeroed before it).
-    ibar: &'a mut [&'b mut [f32]],
+    pub(super) ibar: &'a mut [&'b mut [f32]],
     /// Rows of 3, written once at the end.
-    stats: &'a mut [&'b mut [MaybeUninit<f32>]],
+    pub(super) stats: &'a mut [&'b mut [MaybeUninit<f32>]],
 }
 
 /// One forward task, compiled for the CPU's vector extension ([`vectorized`]).
-struct ForwardBlock<'a, 'b> {
-    head: Head<'a>,
-    i0: usize,
-    rows: Rows<'a, 'b>,
-    lambda: f32,
-    scale: f32,
-    inv_tau: f32,
-    /// `g = 1` on every row with history (the Exchange-only ablation).
-    exchange_only: bool,
+pub(super) struct ForwardBlock<'a, 'b> {
+    pub(super) head: Head<'a>,
+    /// The position of the task's first row.
+    pub(super) i0: usize,
+    pub(super) rows: Rows<'a, 'b>,
+    pub(super) lambda: f32,
+    pub(super) scale: f32,
+    pub(super) inv_tau: f32,
+    /// What the rows compute: the Relation, its Exchange-only ablation (`g = 1` on every row
+    /// with history) or softmax attention (`P2` the keys, `Ĩ` the values).
+    pub(super) mixer: DecodeMixer,
 }
 
 impl Vectorized for ForwardBlock<'_, '_> {
@@ -289,6 +308,10 @@ impl Vectorized for ForwardBlock<'_, '_> {
 }
 
 /// Query rows `i0 .. i0 + n` of one head.
+///
+/// Attention's rows differ in three places: the scores are not activated, the softmax covers
+/// `j <= i` (the row's own key included), so the running maximum starts at the lowest finite
+/// f32 (raw scores have no lower bound), and the row ends as `Ī` with no Self term.
 #[inline(always)] // into `ForwardBlock::run`, so the row loops are vectorised for this CPU
 fn forward_block<M: MulAdd>(
     ForwardBlock {
@@ -298,14 +321,15 @@ fn forward_block<M: MulAdd>(
         lambda,
         scale,
         inv_tau,
-        exchange_only,
+        mixer,
     }: ForwardBlock<'_, '_>,
 ) {
     let d = head.d;
     let n = rows.y.len();
     let i1 = i0 + n;
     let z = rows.ibar; // zeros ([`zero_rows`])
-    let mut m = [0.0f32; BLOCK_Q];
+    let attention = mixer == DecodeMixer::Attention;
+    let mut m = [if attention { f32::MIN } else { 0.0f32 }; BLOCK_Q];
     let mut l = [0.0f32; BLOCK_Q];
     let mut u_self = [0.0f32; BLOCK_Q];
     let mut u = vec![0.0f32; BLOCK_Q * BLOCK_K]; // U, then P, per tile
@@ -320,13 +344,19 @@ fn forward_block<M: MulAdd>(
             if (j0..j0 + nk).contains(&i) {
                 u_self[r] = row[i - j0];
             }
-            // Keys j0 .. j0 + valid are strictly before i: the Exchange part.
-            let valid = nk.min(i.saturating_sub(j0));
+            // Keys j0 .. j0 + valid are strictly before i (the Exchange part), or not after it
+            // (attention).
+            let reach = if attention { i + 1 } else { i };
+            let valid = nk.min(reach.saturating_sub(j0));
             if valid == 0 {
                 row[..nk].fill(0.0);
                 continue;
             }
-            let max = silu_max::<M>(row, valid, m[r]); // E = SiLU(U) in place
+            let max = if attention {
+                raw_max(row, valid, m[r])
+            } else {
+                silu_max::<M>(row, valid, m[r]) // E = SiLU(U) in place
+            };
             if max > m[r] {
                 let rescale = exp::<M>(m[r] - max);
                 l[r] *= rescale;
@@ -352,11 +382,25 @@ fn forward_block<M: MulAdd>(
 
     for r in 0..n {
         let i = i0 + r;
+        if attention {
+            // `l >= 1`: the row's largest score is among its own keys.
+            let inv_l = 1.0 / l[r];
+            for (y, ibar) in rows.y[r].iter_mut().zip(z[r].iter_mut()) {
+                *ibar *= inv_l;
+                y.write(*ibar);
+            }
+            let out = &mut rows.stats[r];
+            let lse = m[r] + l[r].ln();
+            for (channel, value) in [(stat::LSE, lse), (stat::SELF, 0.0), (stat::SHARE, 1.0)] {
+                out[channel].write(value);
+            }
+            continue;
+        }
         let s = sigmoid::<M>(u_self[r] * inv_tau);
         let (lse, g, inv_l) = if i > 0 {
             let lse = m[r] + l[r].ln();
             let log_mass = lse - lambda * ((i + 1) as f32).ln();
-            let g = if exchange_only {
+            let g = if mixer == DecodeMixer::ExchangeOnly {
                 1.0
             } else {
                 sigmoid::<M>(log_mass - s)
@@ -375,6 +419,23 @@ fn forward_block<M: MulAdd>(
             out[channel].write(value);
         }
     }
+}
+
+/// `max(init, max U)` over the first `valid` entries of one tile row (attention's raw scores),
+/// in whole vectors as [`silu_max`]: the entries past `valid` are set to the lowest finite f32
+/// first, which cannot change the maximum ([`exp_sum`] then makes them `P = 0`).
+#[inline(always)]
+fn raw_max(row: &mut [f32], valid: usize, init: f32) -> f32 {
+    let greater = |m: f32, x: f32| if x > m { x } else { m };
+    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
+    row[valid..whole].fill(f32::MIN);
+    let mut lanes = [init; ROW_LANES];
+    for chunk in row[..whole].chunks_exact(ROW_LANES) {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane = greater(*lane, x);
+        }
+    }
+    halving(lanes, greater)
 }
 
 /// Lanes of [`silu_max`] and [`exp_sum`]: one AVX-512 vector (two AVX2 ones). A divisor of

@@ -13,6 +13,8 @@ pub(crate) mod cube_tiles_backward;
 pub(crate) mod flex;
 #[cfg(feature = "flex")]
 mod flex_backward;
+#[cfg(feature = "flex")]
+pub(crate) mod flex_rows;
 
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor, TensorData};

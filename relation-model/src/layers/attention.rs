@@ -165,8 +165,10 @@ impl CausalSelfAttention {
         dense(&self.wo, merge_heads(y))
     }
 
-    /// Incremental forward with a K/V cache: one token per sequence (decoding) takes the fused
-    /// split-K step ([`flash_attention_decode`]), several the materialized rows.
+    /// Incremental forward with a K/V cache: the new tokens' rows against every cached position
+    /// ([`flash_attention_decode`]: one token per sequence, decoding, takes the fused split-K
+    /// step; several, a prompt or a chunk of one, the tiled forward, which keeps no `n x C`
+    /// scores).
     ///
     /// # Shapes
     /// - `x`: `[B, n, d]`, output: `[B, n, d]`
@@ -177,19 +179,13 @@ impl CausalSelfAttention {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let (q, k, v) = self.qkv.forward_at(x, &cache.positions())?;
         let rows = cache.append_attention(k, v)?;
-        let y = if q.dims()[1] == 1 {
-            // One token per sequence (decoding): the split-K step over the buffers as they are
-            // (a half-precision cache read in place where the kernels can).
-            let cached = CachedRows {
-                p2: rows.a,
-                info: rows.b,
-                lens: rows.lens,
-            };
-            flash_attention_decode(q, cached, Strategy::Auto)?
-        } else {
-            let (k, v) = rows.filled_as(q.dtype()); // [B, T, H, D] each
-            causal_rows(q, k, v, None, &rows.lens).0
+        // The buffers as they are (a half-precision cache read in place where the kernels can).
+        let cached = CachedRows {
+            p2: rows.a,
+            info: rows.b,
+            lens: rows.lens,
         };
+        let y = flash_attention_decode(q, cached, Strategy::Auto)?; // [B, n, H, D]
         dense(&self.wo, merge_heads(y))
     }
 }

@@ -4,7 +4,7 @@ use burn::config::Config;
 use burn::module::{Module, Param};
 use burn::nn::Linear;
 use burn::tensor::{Device, Tensor};
-use relation_core::{RopePositions, Segments, naive_exchange_only_rows, naive_relation_rows};
+use relation_core::{RopePositions, Segments};
 use relation_kernels::{
     CachedRows, FlashInputs, Strategy, flash_exchange_only, flash_exchange_only_decode,
     flash_relation, flash_relation_decode,
@@ -178,40 +178,27 @@ impl MultiHeadRelation {
     pub fn forward_cached(&self, x: Tensor<3>, cache: &mut LayerCache) -> crate::Result<Tensor<3>> {
         let (offset, ragged) = (cache.len(), cache.is_ragged());
         let (p1, p2, info) = self.projection.forward_at(x, &cache.positions())?;
-        let n = p1.dims()[1];
-        // Rotated `P2` and `Ĩ` of every position so far: rows `0..offset + n` of the cache.
+        // Rotated `P2` and `Ĩ` of every position so far, the new tokens' last.
         let rows = cache.append_full(p2, info)?;
-        // A prefill from an empty cache is the full causal forward (fused); one new token is the
-        // fused decoding step, which reads the cache buffers in place; later chunks of several
-        // tokens compute their rows against every cached position with the reference.
-        let y = match (offset, n, self.exchange_only) {
-            (0, _, _) if !ragged => {
-                // The buffers are still in the compute dtype: the cache's storage dtype is
-                // applied after this layer (`LmCache::keep_storage`).
-                let (p2_all, info_all) = rows.filled_as(p1.dtype());
-                return self.relation(FlashInputs::new(p1, p2_all, info_all));
-            }
-            (_, 1, exchange_only) => {
-                let cached = CachedRows {
-                    p2: rows.a,
-                    info: rows.b,
-                    lens: rows.lens,
-                };
-                if exchange_only {
-                    flash_exchange_only_decode(p1, cached, Strategy::Auto)?
-                } else {
-                    flash_relation_decode(p1, cached, self.lambda(), self.tau, Strategy::Auto)?
-                }
-            }
-            (_, _, false) => {
-                let (p2_all, info_all) = rows.filled_as(p1.dtype());
-                naive_relation_rows(p1, p2_all, info_all, self.lambda(), self.tau)?
-            }
-            (_, _, true) => {
-                let (p2_all, info_all) = rows.filled_as(p1.dtype());
-                naive_exchange_only_rows(p1, p2_all, info_all)?
-            }
+        // A prefill from an empty cache is the full causal forward (fused); anything else is the new rows against every cached
+        // position, which the kernels compute from the cache buffers in place (one token: the
+        // split-K decoding step; several: the tiled forward from the first new position).
+        if offset == 0 && !ragged {
+            // The buffers are still in the compute dtype: the cache's storage dtype is applied
+            // after this layer (`LmCache::keep_storage`).
+            let (p2_all, info_all) = rows.filled_as(p1.dtype());
+            return self.relation(FlashInputs::new(p1, p2_all, info_all));
+        }
+        let cached = CachedRows {
+            p2: rows.a,
+            info: rows.b,
+            lens: rows.lens,
         };
+        let y = if self.exchange_only {
+            flash_exchange_only_decode(p1, cached, Strategy::Auto)?
+        } else {
+            flash_relation_decode(p1, cached, self.lambda(), self.tau, Strategy::Auto)?
+        }; // [B, n, H, D]
         dense(&self.wo, merge_heads(y))
     }
 }

@@ -43,9 +43,10 @@ fn check_cached_decoding_of(
             tol,
         );
     }
-    // `prefill` (one pass from an empty cache for F/L models, chunks of 5 otherwise, the last
-    // one short) gives the full forward's last logits; so does prefilling a cache that already
-    // holds tokens (always chunked: 7 tokens, then 5 in chunks of 2).
+    // `prefill` (one pass for models of F, L and A layers on a device with the kernels, chunks
+    // of 5 otherwise, the last one short) gives the full forward's last logits; so does
+    // prefilling a cache that already holds tokens (7 tokens, then 5, in chunks of 2 where a
+    // pass cannot take them all).
     let want = full.narrow(1, seq - 1, 1).squeeze_dim::<2>(1); // [2, V]
     let mut cache = lm.new_cache();
     let last = lm.prefill(ids.clone(), &mut cache, 5).unwrap(); // [2, V]
