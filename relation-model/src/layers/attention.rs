@@ -6,7 +6,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
 use relation_core::{RopePositions, Segments};
-use relation_kernels::{CachedRows, Strategy, flash_attention_decode};
+use relation_kernels::{CachedRows, Strategy, flash_attention_decode, has_kernels};
 
 use super::{QkvProjection, dense, linear, merge_heads, unpack};
 use crate::cache::LayerCache;
@@ -91,7 +91,10 @@ impl CausalSelfAttention {
 
     /// [`forward_packed`](Self::forward_packed) that also returns each document's K/V cache (a
     /// prefill of prompts of different lengths in one pass): rows `0..len` of sequence `i` hold
-    /// document `i`'s rotated keys and values, as prefilling it alone would leave them.
+    /// document `i`'s rotated keys and values, as prefilling it alone would leave them. Where
+    /// the kernels exist each document's rows are the fused tiled forward over its own keys
+    /// ([`flash_attention_decode`], one call per document, as its prefill alone would run),
+    /// elsewhere the block-diagonal attention of [`forward_packed`](Self::forward_packed).
     ///
     /// # Shapes
     /// - `x`: `[1, total, d]`, output: `[1, total, d]`; the cache `[N, max len, H, D]` buffers
@@ -111,7 +114,19 @@ impl CausalSelfAttention {
             v: unpack(v.clone(), segments),
             lens: segments.lengths().collect(),
         };
-        Ok((self.packed(q, k, v, segments)?, cache))
+        if !has_kernels(&q.device()) {
+            return Ok((self.packed(q, k, v, segments)?, cache));
+        }
+        let parts = segments
+            .bounds()
+            .map(|(s, e)| {
+                let own = |t: &Tensor<4>| t.clone().narrow(1, s, e - s); // [1, len, H, D]
+                let rows = CachedRows::uniform(own(&k), own(&v), e - s);
+                flash_attention_decode(own(&q), rows, Strategy::Auto)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let y = dense(&self.wo, merge_heads(Tensor::cat(parts, 1)))?; // [1, total, d]
+        Ok((y, cache))
     }
 
     /// The block-diagonal attention of [`forward_packed`](Self::forward_packed) from its

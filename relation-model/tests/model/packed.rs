@@ -130,6 +130,10 @@ fn check_packed_prefill(device: &Device, pattern: &str, config: &relation_model:
         let own = lm.prefill(ids(prompt, 1), &mut cache, 2048).unwrap(); // [1, V]
         let what = format!("{pattern}: prompt {i}");
         assert_close(&what, &logits.clone().narrow(0, i, 1), &own, tol);
+        // Both prefills may share kernels: the full forward (no cache) is the independent side.
+        let full = lm.forward(ids(prompt, 1)).unwrap(); // [1, n, V]
+        let last = full.narrow(1, prompt.len() - 1, 1).squeeze_dim::<2>(1); // [1, V]
+        assert_close(&format!("{what}, the full forward"), &own, &last, tol);
         for (layer, (p, a)) in packed.layers.iter().zip(&cache.layers).enumerate() {
             let what = format!("{what}, layer {layer}");
             let len = prompt.len();
@@ -193,11 +197,13 @@ fn a_packed_prefill_equals_each_prompt_prefilled_alone() {
     let exchange_only = tiny("F", 2).with_exchange_only(true);
     check_packed_prefill(&device, "F exchange-only", &exchange_only);
     #[cfg(feature = "wgpu")]
-    check_packed_prefill(
-        &Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
-        "LLLF on wgpu",
-        &tiny("LLLF", 2),
-    );
+    for pattern in ["LLLF", "LA"] {
+        check_packed_prefill(
+            &Device::wgpu(burn::tensor::DeviceKind::DefaultDevice),
+            &format!("{pattern} on wgpu"),
+            &tiny(pattern, 2),
+        );
+    }
 }
 
 /// What a packed prefill refuses, each with its typed error and the cache left as it was.
