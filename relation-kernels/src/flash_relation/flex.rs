@@ -227,39 +227,23 @@ fn launch_forward(
     let mut y = Uninit::new(b * t * h * d); // [B, T, H, D]
     let mut ibar = Uninit::new(b * t * h * d); // [B, T, H, D]
     let mut stats = Uninit::new(b * t * h * STATS); // [B, T, H, 3]
-    let mut y_rows = head_rows(y.room(), &seqs, h, d); // [N·H][len] rows of D
-    let mut ibar_rows = head_rows(ibar.room(), &seqs, h, d);
-    let mut stat_rows = head_rows(stats.room(), &seqs, h, STATS); // [N·H][len] rows of 3
-    y_rows
-        .par_iter_mut()
-        .zip(ibar_rows.par_iter_mut())
-        .zip(stat_rows.par_iter_mut())
-        .enumerate()
-        .for_each(|(nh, ((y, ibar), stats))| {
+    let scalars = Scalars {
+        lambda,
+        scale,
+        inv_tau,
+        mixer,
+    };
+    run_tasks(
+        [y.room(), ibar.room(), stats.room()],
+        &seqs,
+        [h, d],
+        scalars,
+        |nh| {
             let head = Head::new(seqs[nh / h], nh % h, h, [&q, &k, &v, &kt], d);
-            let mut ibar = zero_rows(ibar);
-            y.par_chunks_mut(BLOCK_Q)
-                .zip(ibar.par_chunks_mut(BLOCK_Q))
-                .zip(stats.par_chunks_mut(BLOCK_Q))
-                .enumerate()
-                .for_each(|(block, ((y, ibar), stats))| {
-                    let rows = Rows { y, ibar, stats };
-                    let i0 = block * BLOCK_Q;
-                    vectorized(ForwardBlock {
-                        head,
-                        i0,
-                        rows,
-                        lambda,
-                        scale,
-                        inv_tau,
-                        mixer,
-                    });
-                });
-        });
-    drop((y_rows, ibar_rows, stat_rows));
-    // SAFETY: the sequences' heads cover every row of the three buffers (`head_rows`); each
-    // head's task zeroed all of its rows of Ī (`zero_rows`), and `forward_block`'s last loop
-    // writes every value of each of its rows of Y and the statistics.
+            (head, 0)
+        },
+    );
+    // SAFETY: the sequences' heads cover every row of the three buffers (`run_tasks`).
     #[allow(unsafe_code)]
     let (y, ibar, stats) = unsafe { (y.assume_init(), ibar.assume_init(), stats.assume_init()) };
 
@@ -274,28 +258,75 @@ fn launch_forward(
     }
 }
 
-/// The output rows of one forward task (`n` rows each).
-pub(super) struct Rows<'a, 'b> {
-    /// Rows of `D`, written once at the end.
-    pub(super) y: &'a mut [&'b mut [MaybeUninit<f32>]],
-    /// Rows of `D`: the accumulator `z` during the scan (zeroed before it).
-    pub(super) ibar: &'a mut [&'b mut [f32]],
-    /// Rows of 3, written once at the end.
-    pub(super) stats: &'a mut [&'b mut [MaybeUninit<f32>]],
-}
-
-/// One forward task, compiled for the CPU's vector extension ([`vectorized`]).
-pub(super) struct ForwardBlock<'a, 'b> {
-    pub(super) head: Head<'a>,
-    /// The position of the task's first row.
-    pub(super) i0: usize,
-    pub(super) rows: Rows<'a, 'b>,
+/// The scalars every forward task of a call shares.
+#[derive(Clone, Copy)]
+pub(super) struct Scalars {
     pub(super) lambda: f32,
     pub(super) scale: f32,
     pub(super) inv_tau: f32,
-    /// What the rows compute: the Relation, its Exchange-only ablation (`g = 1` on every row
-    /// with history) or softmax attention (`P2` the keys, `Ĩ` the values).
     pub(super) mixer: DecodeMixer,
+}
+
+/// Every forward task of a call, in parallel: the query blocks of `BLOCK_Q` rows of each
+/// `(sequence, head)` of `seqs` (`[N·H]` heads of `[h, d]`), whose rows of `Y`, `Ī` and the
+/// statistics are in `rooms` (`[.., H, D]`, `[.., H, D]`, `[.., H, 3]`, the rows of `seqs`). `head(nh)`
+/// gives head `nh`'s inputs and the position of its first row.
+///
+/// On return every value of the three buffers is written: `head_rows` covers all of their rows,
+/// each head's rows of `Ī` are zeroed before its blocks run (`zero_rows`), and
+/// `forward_block`'s last loop writes every value of each of its rows of `Y` and the statistics.
+pub(super) fn run_tasks<'a>(
+    [y, ibar, stats]: [&mut [MaybeUninit<f32>]; 3],
+    seqs: &[Sequence],
+    [h, d]: [usize; 2],
+    scalars: Scalars,
+    head: impl Fn(usize) -> (Head<'a>, usize) + Sync,
+) {
+    let mut y_rows = head_rows(y, seqs, h, d); // [N·H][len] rows of D
+    let mut ibar_rows = head_rows(ibar, seqs, h, d);
+    let mut stat_rows = head_rows(stats, seqs, h, STATS); // [N·H][len] rows of 3
+    y_rows
+        .par_iter_mut()
+        .zip(ibar_rows.par_iter_mut())
+        .zip(stat_rows.par_iter_mut())
+        .enumerate()
+        .for_each(|(nh, ((y, ibar), stats))| {
+            let (head, first) = head(nh);
+            let mut ibar = zero_rows(ibar);
+            y.par_chunks_mut(BLOCK_Q)
+                .zip(ibar.par_chunks_mut(BLOCK_Q))
+                .zip(stats.par_chunks_mut(BLOCK_Q))
+                .enumerate()
+                .for_each(|(block, ((y, ibar), stats))| {
+                    vectorized(ForwardBlock {
+                        head,
+                        i0: first + block * BLOCK_Q,
+                        rows: Rows { y, ibar, stats },
+                        scalars,
+                    });
+                });
+        });
+}
+
+/// The output rows of one forward task (`n` rows each).
+struct Rows<'a, 'b> {
+    /// Rows of `D`, written once at the end.
+    y: &'a mut [&'b mut [MaybeUninit<f32>]],
+    /// Rows of `D`: the accumulator `z` during the scan (zeroed before it).
+    ibar: &'a mut [&'b mut [f32]],
+    /// Rows of 3, written once at the end.
+    stats: &'a mut [&'b mut [MaybeUninit<f32>]],
+}
+
+/// One forward task, compiled for the CPU's vector extension ([`vectorized`]).
+struct ForwardBlock<'a, 'b> {
+    head: Head<'a>,
+    /// The position of the task's first row.
+    i0: usize,
+    rows: Rows<'a, 'b>,
+    /// `mixer` says what the rows compute: the Relation, its Exchange-only ablation (`g = 1`
+    /// on every row with history) or softmax attention (`P2` the keys, `Ĩ` the values).
+    scalars: Scalars,
 }
 
 impl Vectorized for ForwardBlock<'_, '_> {
@@ -318,10 +349,13 @@ fn forward_block<M: MulAdd>(
         head,
         i0,
         rows,
-        lambda,
-        scale,
-        inv_tau,
-        mixer,
+        scalars:
+            Scalars {
+                lambda,
+                scale,
+                inv_tau,
+                mixer,
+            },
     }: ForwardBlock<'_, '_>,
 ) {
     let d = head.d;

@@ -13,14 +13,11 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, bf16, f16};
-use rayon::prelude::*;
 
 use super::STATS;
-use super::flex::{BLOCK_Q, ForwardBlock, Head, Rows, first_row};
+use super::flex::{Head, Scalars, first_row, run_tasks};
 use crate::decode::DecodeParams;
-use crate::flex::{
-    Uninit, dims4, f32_data, head_rows, read_f32, tensor, transpose_heads, vectorized, zero_rows,
-};
+use crate::flex::{Uninit, dims4, f32_data, read_f32, tensor, transpose_heads};
 use crate::sequence::{Sequence, sequences};
 
 /// The output rows of the new rows `p1` against the cache buffers `p2`, `info` (see the module
@@ -61,39 +58,26 @@ pub(crate) fn rows(
     // The tasks' accumulators and statistics, which this call does not return.
     let mut ibar = Uninit::new(b * n * h * d);
     let mut stats = Uninit::new(b * n * h * STATS);
-    let mut y_rows = head_rows(y.room(), &queries, h, d); // [B·H][n] rows of D
-    let mut ibar_rows = head_rows(ibar.room(), &queries, h, d);
-    let mut stat_rows = head_rows(stats.room(), &queries, h, STATS);
-    y_rows
-        .par_iter_mut()
-        .zip(ibar_rows.par_iter_mut())
-        .zip(stat_rows.par_iter_mut())
-        .enumerate()
-        .for_each(|(bh, ((y, ibar), stats))| {
+    let scalars = Scalars {
+        lambda,
+        scale: params.scale,
+        inv_tau: params.inv_tau,
+        mixer: params.mixer,
+    };
+    run_tasks(
+        [y.room(), ibar.room(), stats.room()],
+        &queries,
+        [h, d],
+        scalars,
+        |bh| {
             let (bi, hi) = (bh / h, bh % h);
             let q0 = lens[bi] - n;
             let head = Head::new(keys[bi], hi, h, [&k, &k, &v, &kt], d)
                 .with_queries(&q[first_row(queries[bi], hi, h) * d..], q0);
-            let mut ibar = zero_rows(ibar);
-            y.par_chunks_mut(BLOCK_Q)
-                .zip(ibar.par_chunks_mut(BLOCK_Q))
-                .zip(stats.par_chunks_mut(BLOCK_Q))
-                .enumerate()
-                .for_each(|(block, ((y, ibar), stats))| {
-                    vectorized(ForwardBlock {
-                        head,
-                        i0: q0 + block * BLOCK_Q,
-                        rows: Rows { y, ibar, stats },
-                        lambda,
-                        scale: params.scale,
-                        inv_tau: params.inv_tau,
-                        mixer: params.mixer,
-                    });
-                });
-        });
-    drop((y_rows, ibar_rows, stat_rows));
-    // SAFETY: the `B` query sequences' heads cover every row of `y` (`head_rows`), and
-    // `forward_block`'s last loop writes every value of each of its rows.
+            (head, q0)
+        },
+    );
+    // SAFETY: `run_tasks` wrote every value of `y`.
     #[allow(unsafe_code)]
     let y = unsafe { y.assume_init() };
     tensor(y, Shape::new(dims), dtype)
