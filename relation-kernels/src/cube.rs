@@ -77,6 +77,33 @@ pub(crate) fn sigmoid(x: f32) -> f32 {
     1.0f32 / (1.0f32 + (-x).exp())
 }
 
+/// One score `e` into an online softmax (running maximum `m`, normaliser `l`, accumulator
+/// `z` of `head_dim` values): when `e` is a new maximum, `l` and `z` are rescaled to it first.
+/// Returns the new `(m, l)`, `l` with `e`'s weight added, and that weight `p = e^{e - m}`, for
+/// the caller to add `p v` to `z` from wherever its values live.
+#[cube]
+pub(crate) fn online_weigh(
+    e: f32,
+    m: f32,
+    l: f32,
+    z: &mut Array<f32>,
+    #[comptime] head_dim: usize,
+) -> (f32, f32, f32) {
+    let mut max = m;
+    let mut sum = l;
+    if e > max {
+        let correction = (max - e).exp();
+        sum *= correction;
+        #[unroll]
+        for d in 0..head_dim {
+            z[d] *= correction;
+        }
+        max = e;
+    }
+    let p = (e - max).exp();
+    (max, sum + p, p)
+}
+
 #[cube(launch)]
 fn fill_kernel<F: Float>(out: &mut Tensor<F>, value: f32, #[define(F)] _dtype: ElemType) {
     if ABSOLUTE_POS < out.len() {

@@ -24,7 +24,7 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{DecodeMixer, DecodeParams};
-use crate::cube::{empty_like, empty_like_dtype, sigmoid, u32_tensor};
+use crate::cube::{empty_like, empty_like_dtype, online_weigh, sigmoid, u32_tensor};
 
 /// Units per cube of the block kernel.
 const UNITS: usize = 32;
@@ -88,17 +88,9 @@ fn decode_blocks_kernel<F: Float>(
         if !attention {
             e = u * sigmoid(u); // E = SiLU(U)
         }
-        if e > m {
-            let correction = (m - e).exp();
-            l *= correction;
-            #[unroll]
-            for d in 0..head_dim {
-                z[d] *= correction;
-            }
-            m = e;
-        }
-        let p = (e - m).exp();
-        l += p;
+        let (max, sum, p) = online_weigh(e, m, l, &mut z, head_dim);
+        m = max;
+        l = sum;
         #[unroll]
         for d in 0..head_dim {
             z[d] += p * f32::cast_from(info[base + d]);

@@ -15,7 +15,7 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{DecodeMixer, DecodeParams};
-use crate::cube::{Tiling, empty_like, load_rows, sigmoid, u32_tensor};
+use crate::cube::{Tiling, empty_like, load_rows, online_weigh, sigmoid, u32_tensor};
 
 #[cube(launch)]
 // The comptime switch stays apart from the runtime condition it guards.
@@ -123,17 +123,9 @@ fn rows_kernel<F: Float>(
                 if !attention {
                     e = u * sigmoid(u); // E = SiLU(U)
                 }
-                if e > m {
-                    let correction = (m - e).exp();
-                    l *= correction;
-                    #[unroll]
-                    for d in 0..head_dim {
-                        z[d] *= correction;
-                    }
-                    m = e;
-                }
-                let p = (e - m).exp();
-                l += p;
+                let (max, sum, p) = online_weigh(e, m, l, &mut z, head_dim);
+                m = max;
+                l = sum;
                 #[unroll]
                 for d in 0..head_dim {
                     z[d] += p * v_tile[jj * head_dim + d];

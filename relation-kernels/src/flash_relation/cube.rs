@@ -62,8 +62,8 @@ use cubecl::prelude::*;
 pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::cube::{
-    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
-    sigmoid,
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows,
+    online_weigh, seq_tile, sigmoid,
 };
 use crate::ops::{FlashArgs, FlashForward, FlashParams};
 
@@ -128,17 +128,9 @@ fn flash_relation_fwd_kernel<F: Float>(
                     u += q[d] * k_tile[jj * head_dim + d];
                 }
                 let e = u * sigmoid(u); // E = SiLU(U)
-                if e > m {
-                    let correction = (m - e).exp();
-                    l *= correction;
-                    #[unroll]
-                    for d in 0..head_dim {
-                        z[d] *= correction;
-                    }
-                    m = e;
-                }
-                let p = (e - m).exp();
-                l += p;
+                let (max, sum, p) = online_weigh(e, m, l, &mut z, head_dim);
+                m = max;
+                l = sum;
                 #[unroll]
                 for d in 0..head_dim {
                     z[d] += p * v_tile[jj * head_dim + d];
