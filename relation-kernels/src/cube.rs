@@ -104,6 +104,46 @@ pub(crate) fn online_weigh(
     (max, sum + p, p)
 }
 
+/// The first `count` rows of a shared key tile and value tile (`head_dim` wide) into one query
+/// row's online softmax (`q` pre-scaled; `m`, `l`, `z` as [`online_weigh`]): the scores
+/// activated by `SiLU` (the Relation's Exchange part) or raw (attention). Returns the new
+/// `(m, l)`.
+#[cube]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn scan_tile(
+    q: &Array<f32>,
+    k_tile: &Shared<[f32]>,
+    v_tile: &Shared<[f32]>,
+    count: usize,
+    m: f32,
+    l: f32,
+    z: &mut Array<f32>,
+    #[comptime] head_dim: usize,
+    #[comptime] attention: bool,
+) -> (f32, f32) {
+    let mut max = m;
+    let mut sum = l;
+    for jj in 0..count {
+        let mut u = f32::new(0.0);
+        #[unroll]
+        for d in 0..head_dim {
+            u += q[d] * k_tile[jj * head_dim + d];
+        }
+        let mut e = u;
+        if !attention {
+            e = u * sigmoid(u); // E = SiLU(U)
+        }
+        let (new_max, new_sum, p) = online_weigh(e, max, sum, z, head_dim);
+        max = new_max;
+        sum = new_sum;
+        #[unroll]
+        for d in 0..head_dim {
+            z[d] += p * v_tile[jj * head_dim + d];
+        }
+    }
+    (max, sum)
+}
+
 #[cube(launch)]
 fn fill_kernel<F: Float>(out: &mut Tensor<F>, value: f32, #[define(F)] _dtype: ElemType) {
     if ABSOLUTE_POS < out.len() {

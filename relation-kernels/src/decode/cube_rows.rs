@@ -15,7 +15,7 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{DecodeMixer, DecodeParams};
-use crate::cube::{Tiling, empty_like, load_rows, online_weigh, sigmoid, u32_tensor};
+use crate::cube::{Tiling, empty_like, load_rows, scan_tile, sigmoid, u32_tensor};
 
 #[cube(launch)]
 // The comptime switch stays apart from the runtime condition it guards.
@@ -113,24 +113,11 @@ fn rows_kernel<F: Float>(
             if count > block_k {
                 count = block_k;
             }
-            for jj in 0..count {
-                let mut u = f32::new(0.0);
-                #[unroll]
-                for d in 0..head_dim {
-                    u += q[d] * k_tile[jj * head_dim + d];
-                }
-                let mut e = u;
-                if !attention {
-                    e = u * sigmoid(u); // E = SiLU(U)
-                }
-                let (max, sum, p) = online_weigh(e, m, l, &mut z, head_dim);
-                m = max;
-                l = sum;
-                #[unroll]
-                for d in 0..head_dim {
-                    z[d] += p * v_tile[jj * head_dim + d];
-                }
-            }
+            let (max, sum) = scan_tile(
+                &q, &k_tile, &v_tile, count, m, l, &mut z, head_dim, attention,
+            );
+            m = max;
+            l = sum;
         }
         sync_cube();
     }

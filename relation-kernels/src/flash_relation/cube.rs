@@ -62,8 +62,8 @@ use cubecl::prelude::*;
 pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::cube::{
-    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows,
-    online_weigh, seq_tile, sigmoid,
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, scan_tile,
+    seq_tile, sigmoid,
 };
 use crate::ops::{FlashArgs, FlashForward, FlashParams};
 
@@ -121,21 +121,9 @@ fn flash_relation_fwd_kernel<F: Float>(
             if count > block_k {
                 count = block_k;
             }
-            for jj in 0..count {
-                let mut u = f32::new(0.0);
-                #[unroll]
-                for d in 0..head_dim {
-                    u += q[d] * k_tile[jj * head_dim + d];
-                }
-                let e = u * sigmoid(u); // E = SiLU(U)
-                let (max, sum, p) = online_weigh(e, m, l, &mut z, head_dim);
-                m = max;
-                l = sum;
-                #[unroll]
-                for d in 0..head_dim {
-                    z[d] += p * v_tile[jj * head_dim + d];
-                }
-            }
+            let (max, sum) = scan_tile(&q, &k_tile, &v_tile, count, m, l, &mut z, head_dim, false);
+            m = max;
+            l = sum;
         }
         sync_cube();
     }
