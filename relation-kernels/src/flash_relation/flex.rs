@@ -20,6 +20,10 @@
 //! at most 0.28 and nothing overflows whatever `|U|` is. The largest buffer is one
 //! `BLOCK_Q x BLOCK_K` tile per task: no `T x T` buffer exists.
 //!
+//! The same tasks compute the Exchange-only ablation's rows and softmax attention's (raw
+//! scores over `j <= i`, ending at `Ī`), and, from a first position past 0, a sequence's last
+//! rows against its cached keys (`flex_rows.rs`).
+//!
 //! # Layout
 //!
 //! The kernels read `P1`, `P2`, `Ĩ` (and `Ī`, `dY`, the statistics) in place, in the
@@ -269,8 +273,8 @@ pub(super) struct Scalars {
 
 /// Every forward task of a call, in parallel: the query blocks of `BLOCK_Q` rows of each
 /// `(sequence, head)` of `seqs` (`[N·H]` heads of `[h, d]`), whose rows of `Y`, `Ī` and the
-/// statistics are in `rooms` (`[.., H, D]`, `[.., H, D]`, `[.., H, 3]`, the rows of `seqs`). `head(nh)`
-/// gives head `nh`'s inputs and the position of its first row.
+/// statistics are the three buffers given (`[.., H, D]`, `[.., H, D]`, `[.., H, 3]`, the rows
+/// of `seqs`). `head(nh)` gives head `nh`'s inputs and the position of its first row.
 ///
 /// On return every value of the three buffers is written: `head_rows` covers all of their rows,
 /// each head's rows of `Ī` are zeroed before its blocks run (`zero_rows`), and
