@@ -144,8 +144,8 @@ pub struct CachedRows {
     pub p2: Tensor<4>,
     /// `Ĩ` of every position, rows `lens[b]..C` of sequence `b` unused.
     pub info: Tensor<4>,
-    /// Filled rows of each sequence (`B` values): positions `0..len`, the `n` new tokens' the
-    /// last `n`.
+    /// Filled rows of each sequence (`B` values): positions `0..len`, of which the `n` new
+    /// tokens' are the last `n`.
     pub lens: Vec<usize>,
 }
 
