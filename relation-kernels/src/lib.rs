@@ -30,6 +30,8 @@
 mod backends;
 #[cfg(feature = "cube")]
 mod cube;
+#[cfg(feature = "cube")]
+mod cube_softmax;
 mod decode;
 pub mod device;
 mod error;

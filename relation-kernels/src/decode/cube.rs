@@ -24,7 +24,8 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{DecodeMixer, DecodeParams};
-use crate::cube::{empty_like, empty_like_dtype, online_weigh, sigmoid, u32_tensor};
+use crate::cube::{empty_like, empty_like_dtype, sigmoid, u32_tensor};
+use crate::cube_softmax::online_weigh;
 
 /// Units per cube of the block kernel.
 const UNITS: usize = 32;

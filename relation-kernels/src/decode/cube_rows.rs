@@ -15,7 +15,8 @@ use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
 use super::{DecodeMixer, DecodeParams};
-use crate::cube::{Tiling, empty_like, load_rows, scan_tile, sigmoid, u32_tensor};
+use crate::cube::{Tiling, empty_like, load_rows, sigmoid, u32_tensor};
+use crate::cube_softmax::scan_tile;
 
 #[cube(launch)]
 // The comptime switch stays apart from the runtime condition it guards.

@@ -62,9 +62,10 @@ use cubecl::prelude::*;
 pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::cube::{
-    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, scan_tile,
-    seq_tile, sigmoid,
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
+    sigmoid,
 };
+use crate::cube_softmax::scan_tile;
 use crate::ops::{FlashArgs, FlashForward, FlashParams};
 
 #[cube(launch)]
