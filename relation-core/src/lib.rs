@@ -32,11 +32,12 @@ pub use linear::{
 pub use lm::{WeightLayout, naive_cross_entropy, naive_dense, naive_rms_norm, naive_swiglu};
 pub use optim::{AdamWState, AdamWStep, naive_adamw};
 pub use packed::{
-    LinearForm, naive_packed_exchange_only_relation, naive_packed_factorized_relation,
-    naive_packed_linear_relation, naive_packed_relation, naive_packed_rope,
+    LinearForm, naive_packed_attention, naive_packed_exchange_only_relation,
+    naive_packed_factorized_relation, naive_packed_linear_relation, naive_packed_relation,
+    naive_packed_rope,
 };
 pub use relation::{
-    FactorizedRelation, RelationStats, naive_attention_rows, naive_evidence,
+    FactorizedRelation, RelationStats, naive_attention, naive_attention_rows, naive_evidence,
     naive_exchange_only_relation, naive_exchange_only_rows, naive_factorized_relation,
     naive_parallel_relation, naive_relation_rows, naive_relation_weights, naive_self_relation,
 };

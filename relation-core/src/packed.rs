@@ -18,8 +18,8 @@ use crate::linear::{
     naive_recurrent_linear_relation,
 };
 use crate::relation::{
-    FactorizedRelation, RelationStats, naive_exchange_only_relation, naive_factorized_relation,
-    naive_parallel_relation,
+    FactorizedRelation, RelationStats, naive_attention, naive_exchange_only_relation,
+    naive_factorized_relation, naive_parallel_relation,
 };
 use crate::rope::naive_rope;
 use crate::{Segments, check};
@@ -95,6 +95,27 @@ pub fn naive_packed_exchange_only_relation(
     // No Self term, so no temperature: any valid one passes the shared input checks.
     let ys = per_segment([p1, p2, info], 1.0, segments, |[p1, p2, info]| {
         naive_exchange_only_relation(p1, p2, info)
+    })?;
+    Ok(Tensor::cat(ys, 1))
+}
+
+/// [`naive_attention`] over packed segments: each segment alone (block-diagonal causal
+/// attention).
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[1, total, H, D]`; output: `[1, total, H, D]`
+///
+/// # Errors
+/// As [`naive_attention`], plus segments that do not cover the packed rows.
+pub fn naive_packed_attention(
+    q: Tensor<4>,
+    k: Tensor<4>,
+    v: Tensor<4>,
+    segments: &Segments,
+) -> Result<Tensor<4>> {
+    // No temperature: any valid one passes the shared input checks.
+    let ys = per_segment([q, k, v], 1.0, segments, |[q, k, v]| {
+        naive_attention(q, k, v)
     })?;
     Ok(Tensor::cat(ys, 1))
 }

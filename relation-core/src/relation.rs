@@ -328,6 +328,22 @@ pub fn naive_attention_rows(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Result<
     relation_rows(q, k, v, Transport::Attention)
 }
 
+/// Causal softmax attention over whole sequences (the baseline mixer, `MHA`), materialized:
+/// row `i` is `Σ_{j<=i} softmax_{j<=i}(q_i · k_j / √D) v_j`. The reference of the fused
+/// attention (`relation_kernels::flash_attention`) and its fallback: [`naive_attention_rows`]
+/// with every row a query.
+///
+/// # Shapes
+/// - `q`, `k`, `v`: `[B, T, H, D]`; output: `[B, T, H, D]`
+///
+/// # Errors
+/// As [`naive_attention_rows`], plus `q` of another shape than `k`.
+pub fn naive_attention(q: Tensor<4>, k: Tensor<4>, v: Tensor<4>) -> Result<Tensor<4>> {
+    let keys = check::bthd("k", &k)?;
+    check::same_bthd("q", &q, "k", &keys)?;
+    naive_attention_rows(q, k, v)
+}
+
 /// Rows `T - n .. T` of the materialized relation under `transport`.
 fn relation_rows(
     p1: Tensor<4>,

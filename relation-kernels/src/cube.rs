@@ -304,6 +304,28 @@ pub(crate) fn table_entry(table: &Tensor<u32>) -> TableEntry {
 }
 
 /// Key tiles of `block_k` rows that a query tile starting at row `first` (of `block_q` rows)
+/// needs in a sequence of `seq`: its history `j < i` ([`history_blocks`]), or with `own_key`
+/// its keys `j <= i` (attention), rows `0 .. min(first + block_q, seq)`.
+#[cube]
+pub(crate) fn key_blocks(
+    first: usize,
+    block_q: usize,
+    seq: usize,
+    #[comptime] block_k: usize,
+    #[comptime] own_key: bool,
+) -> usize {
+    let mut blocks = history_blocks(first, block_q, seq, block_k);
+    if own_key {
+        let mut end = first + block_q;
+        if end > seq {
+            end = seq;
+        }
+        blocks = end.div_ceil(block_k);
+    }
+    blocks
+}
+
+/// Key tiles of `block_k` rows that a query tile starting at row `first` (of `block_q` rows)
 /// needs for its history `j < i` in a sequence of `seq`: rows `0 .. min(first + block_q, seq) - 1`;
 /// none for an empty sequence (a cube past the end of the table).
 #[cube]

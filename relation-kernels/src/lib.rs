@@ -6,6 +6,7 @@
 //! |---|---|---|---|
 //! | [`self_relation`] `S_i = sigmoid(p1_i·p2_i / (tau sqrt D))` | `naive_self_relation` | `self_relation/cube.rs` | `self_relation/flex.rs` |
 //! | [`flash_relation`] (+ [`flash_relation_with_stats`]), forward and backward | `naive_parallel_relation` / `naive_factorized_relation` | `flash_relation/cube.rs` | `flash_relation/flex.rs` (tiled, online softmax, GEMM tiles, all cores) |
+//! | [`flash_exchange_only`], [`flash_attention`] (causal softmax attention): the same kernels under another [`Mixer`], forward and backward | `naive_exchange_only_relation` / `naive_attention` | `flash_relation/cube.rs` | `flash_relation/flex.rs` |
 //! | [`fused_recurrent_linear_relation`], [`linear_relation_step`] (decoding), forward and backward | `naive_chunk_linear_relation` / `naive_recurrent_linear_relation` | `linear_relation/cube_recurrent.rs` | `linear_relation/flex.rs` (state in cache, checkpointed scan, all cores) |
 //! | [`chunk_linear_relation`], forward and backward | `naive_chunk_linear_relation` | `linear_relation/cube_chunk.rs` (GLA-style chunked) | `linear_relation/flex.rs` (chunk-checkpointed scan) |
 //! | [`linear_relation`]: one of the two above by [`LinearRelationMode`] (what the model calls) | | | |
@@ -69,13 +70,14 @@ mod debug;
 #[cfg(any(feature = "flex", feature = "cube"))]
 pub use decode::DecodeOps;
 pub use decode::{
-    CachedRows, DecodeMixer, DecodeParams, flash_attention_decode, flash_exchange_only_decode,
+    CachedRows, DecodeParams, flash_attention_decode, flash_exchange_only_decode,
     flash_relation_decode,
 };
 pub use device::cpu_threads;
 pub use error::{KernelError, Result};
 pub use flash_relation::{
-    FlashInputs, MAX_HEAD_DIM, flash_exchange_only, flash_relation, flash_relation_with_stats,
+    FlashInputs, MAX_HEAD_DIM, flash_attention, flash_exchange_only, flash_relation,
+    flash_relation_with_stats,
 };
 #[cfg(all(feature = "flex", target_arch = "x86_64"))]
 pub use flex::gemm_choice::{FlexGemm, flex_gemm};
@@ -89,7 +91,7 @@ pub use linear_relation::{
 pub use lm::{LmOps, Transposed};
 pub use lm::{cross_entropy, dense, rms_norm, rope, swiglu};
 pub use math::softmax_weights;
-pub use ops::{FlashParams, LinearParams, RelationOps};
+pub use ops::{FlashParams, LinearParams, Mixer, RelationOps};
 #[cfg(feature = "flex")]
 pub use optim::OptimOps;
 pub use optim::adamw;

@@ -159,10 +159,26 @@ pub struct FlashParams {
     /// `None`: `B` independent sequences of `T` rows. `Some`: one packed row (`B = 1`) of
     /// segments, each computed alone (see `relation_core::Segments`).
     pub segments: Option<Segments>,
-    /// The Exchange-only ablation: every row with history gives its whole mass to it
-    /// (`g = 1`, `Y = Ī`), the first row keeps `Ĩ` (`g = 0`); `lambda` and `tau` then have no
-    /// effect on `Y` (`dlambda = 0`). `false`: the Self-Exchange Relation.
-    pub exchange_only: bool,
+    /// What the rows compute: the Self-Exchange Relation; its Exchange-only ablation (every
+    /// row with history gives its whole mass to it, `g = 1`, `Y = Ī`, the first row keeps `Ĩ`);
+    /// or causal softmax attention. For the last two `lambda` and `tau` have no effect on `Y`
+    /// (`dlambda = 0`).
+    pub mixer: Mixer,
+}
+
+/// What a fused FlashRelation or decoding call computes: the three mixers share the kernels and
+/// differ in the score's activation, which positions the softmax covers and how the row ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mixer {
+    /// The Self-Exchange Relation: `SiLU` scores over the history `j < i`, merged with the Self
+    /// term through the gate (`λ`, `τ_S`).
+    Relation,
+    /// The Exchange-only ablation: `SiLU` scores over the history, no Self term (`λ` unused);
+    /// the first row keeps its own `Ĩ`.
+    ExchangeOnly,
+    /// Softmax attention: raw scores over `j <= i` (the row's own position included), nothing
+    /// added; `p1` holds the queries, `p2` the keys, `info` the values (`λ`, `τ_S` unused).
+    Attention,
 }
 
 /// FlashRelation's inputs as the kernels take them.

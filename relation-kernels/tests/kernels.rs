@@ -12,6 +12,7 @@ mod chunk_linear_relation;
 #[cfg(any(feature = "wgpu", feature = "cpu", feature = "cuda"))]
 mod cube_smoke;
 mod decode;
+mod flash_attention;
 mod flash_relation;
 mod flex_threads;
 mod linear_relation;

@@ -23,7 +23,7 @@ use burn::tensor::{DType, Shape};
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::{DecodeMixer, DecodeParams};
+use super::{DecodeParams, Mixer};
 use crate::cube::{empty_like, empty_like_dtype, sigmoid, u32_tensor};
 use crate::cube_softmax::online_weigh;
 
@@ -185,7 +185,7 @@ pub(super) fn decode(
     let dims = p1.meta.shape().clone();
     let (b, h, d) = (dims[0], dims[2], dims[3]);
     let c = p2.meta.shape()[1];
-    let attention = params.mixer == DecodeMixer::Attention;
+    let attention = params.mixer == Mixer::Attention;
     // The positions the softmax covers: the history `j < i`, or `j <= i` for attention.
     let history = params
         .lens
@@ -240,7 +240,7 @@ pub(super) fn decode(
         params.scale,
         params.inv_tau,
         d,
-        params.mixer == DecodeMixer::ExchangeOnly,
+        params.mixer == Mixer::ExchangeOnly,
         attention,
         dtype,
     );

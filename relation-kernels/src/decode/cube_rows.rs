@@ -14,7 +14,7 @@ use burn::tensor::Shape;
 use burn_cubecl::{kernel::into_contiguous, tensor::CubeTensor};
 use cubecl::prelude::*;
 
-use super::{DecodeMixer, DecodeParams};
+use super::{DecodeParams, Mixer};
 use crate::cube::{Tiling, empty_like, load_rows, sigmoid, u32_tensor};
 use crate::cube_softmax::scan_tile;
 
@@ -200,8 +200,8 @@ pub(super) fn rows(
         params.inv_tau,
         d,
         tiling.block_k,
-        params.mixer == DecodeMixer::ExchangeOnly,
-        params.mixer == DecodeMixer::Attention,
+        params.mixer == Mixer::ExchangeOnly,
+        params.mixer == Mixer::Attention,
         dtype,
     );
     y

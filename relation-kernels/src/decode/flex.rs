@@ -34,7 +34,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Shape, bf16, f16};
 use rayon::prelude::*;
 
-use super::{DecodeMixer, DecodeParams};
+use super::{DecodeParams, Mixer};
 use crate::flex::{
     LANES, MulAdd, Unfused, Vectorized, dims4, exp, f32_data, output, prefetch, read_f32, sigmoid,
     silu, tensor, vectorized,
@@ -375,7 +375,7 @@ impl Step<'_> {
         // The positions each sequence's softmax covers (the Relation's history `j < i`,
         // attention's `j <= i`) in blocks; every task is one block of one sequence, sized from
         // the longest.
-        let attention = params.mixer == DecodeMixer::Attention;
+        let attention = params.mixer == Mixer::Attention;
         let reach: Vec<usize> = params
             .lens
             .iter()
@@ -452,7 +452,7 @@ impl Step<'_> {
                     }
                 }
                 y.iter_mut().for_each(|v| *v /= l); // Ī
-                if params.mixer != DecodeMixer::Relation {
+                if params.mixer != Mixer::Relation {
                     continue;
                 }
                 let query = &q[bi * row..(bi + 1) * row][head.clone()];

@@ -39,6 +39,7 @@ use burn::tensor::{DType, Tensor};
 use relation_core::{check, naive_attention_rows, naive_exchange_only_rows, naive_relation_rows};
 
 use crate::error::{KernelError, Result};
+use crate::ops::Mixer;
 use crate::strategy::Strategy;
 
 /// The scalars of one decoding step.
@@ -49,25 +50,10 @@ pub struct DecodeParams {
     pub lens: Vec<usize>,
     /// `1 / sqrt(D)`.
     pub scale: f32,
-    /// `1 / tau_S` (used by [`DecodeMixer::Relation`] only).
+    /// `1 / tau_S` (used by [`Mixer::Relation`] only).
     pub inv_tau: f32,
     /// What the step computes.
-    pub mixer: DecodeMixer,
-}
-
-/// The three decoding steps the kernels share: they differ in the score's activation, which
-/// positions the softmax covers and how the row ends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DecodeMixer {
-    /// The Self-Exchange Relation: `SiLU` scores over the history `j < i`, merged with the Self
-    /// term through the gate (`λ`, `τ_S`).
-    Relation,
-    /// The Exchange-only ablation: `SiLU` scores over the history, no Self term (`λ` unused);
-    /// the first row keeps its own `Ĩ`.
-    ExchangeOnly,
-    /// Softmax attention: raw scores over `j <= i` (the row's own position included), nothing
-    /// added; `p2` holds the keys, `info` the values.
-    Attention,
+    pub mixer: Mixer,
 }
 
 /// The fused decoding step. Not called directly: use [`flash_relation_decode`], which checks its
@@ -192,7 +178,7 @@ pub fn flash_relation_decode(
     check::exact_shape("lambda", &lambda, "[1]", [1])?;
     check::tau(tau_s)?;
     check::same_device("lambda", &lambda, &p1)?;
-    decode(p1, cache, Mixer::Relation { lambda, tau_s }, strategy)
+    decode(p1, cache, Step::Relation { lambda, tau_s }, strategy)
 }
 
 /// The new tokens' rows of the Exchange-only ablation against the cache (rows `lens[b] - n ..
@@ -209,7 +195,7 @@ pub fn flash_exchange_only_decode(
     cache: CachedRows,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    decode(p1, cache, Mixer::ExchangeOnly, strategy)
+    decode(p1, cache, Step::ExchangeOnly, strategy)
 }
 
 /// The new tokens' rows of causal softmax attention against a K/V cache: for each sequence
@@ -231,32 +217,32 @@ pub fn flash_attention_decode(
     cache: CachedRows,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    decode(q, cache, Mixer::Attention, strategy)
+    decode(q, cache, Step::Attention, strategy)
 }
 
 /// Which step [`decode`] runs, with the Relation's scalars (built once per call: the size of
 /// the tensor handle does not matter).
 #[allow(clippy::large_enum_variant)]
-enum Mixer {
+enum Step {
     Relation { lambda: Tensor<1>, tau_s: f64 },
     ExchangeOnly,
     Attention,
 }
 
-impl Mixer {
+impl Step {
     /// The kernels' name for it.
     #[cfg(any(feature = "flex", feature = "cube"))]
-    fn kind(&self) -> DecodeMixer {
+    fn kind(&self) -> Mixer {
         match self {
-            Self::Relation { .. } => DecodeMixer::Relation,
-            Self::ExchangeOnly => DecodeMixer::ExchangeOnly,
-            Self::Attention => DecodeMixer::Attention,
+            Self::Relation { .. } => Mixer::Relation,
+            Self::ExchangeOnly => Mixer::ExchangeOnly,
+            Self::Attention => Mixer::Attention,
         }
     }
 }
 
 /// The checks and the choice of path.
-fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) -> Result<Tensor<4>> {
+fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Step, strategy: Strategy) -> Result<Tensor<4>> {
     let CachedRows { p2, info, lens } = cache;
     let rows = check::bthd("p2", &p2)?;
     check::same_bthd("info", &info, "p2", &rows)?;
@@ -312,9 +298,9 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) ->
             let rows = |t: &Tensor<4>| t.clone().narrow(0, b0, n).narrow(1, 0, len).cast(dtype);
             let p1 = p1.clone().narrow(0, b0, n);
             match &mixer {
-                Mixer::ExchangeOnly => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
-                Mixer::Attention => naive_attention_rows(p1, rows(&p2), rows(&info)),
-                Mixer::Relation { lambda, tau_s } => {
+                Step::ExchangeOnly => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
+                Step::Attention => naive_attention_rows(p1, rows(&p2), rows(&info)),
+                Step::Relation { lambda, tau_s } => {
                     naive_relation_rows(p1, rows(&p2), rows(&info), lambda.clone(), *tau_s)
                 }
             }
@@ -332,9 +318,9 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Mixer, strategy: Strategy) ->
         use burn::backend::Dispatch;
         let kind = mixer.kind();
         let (lambda, tau_s) = match mixer {
-            Mixer::Relation { lambda, tau_s } => (lambda, tau_s),
+            Step::Relation { lambda, tau_s } => (lambda, tau_s),
             // Unused by the others; any valid scalars.
-            Mixer::ExchangeOnly | Mixer::Attention => (Tensor::zeros([1], &p1.device()), 1.0),
+            Step::ExchangeOnly | Step::Attention => (Tensor::zeros([1], &p1.device()), 1.0),
         };
         let params = DecodeParams {
             lens,

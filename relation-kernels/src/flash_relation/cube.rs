@@ -18,6 +18,11 @@
 //! `SiLU(u) >= -0.2785`, so `m` can start at 0 instead of `-inf` (WGSL has no `-inf` literal):
 //! with `m >= 0` every exponent `E - m` stays `<= 0.28` and `l >= e^{-0.28}` once a key is seen.
 //!
+//! Two comptime switches reuse the kernels: `exchange_only` (the ablation, `g = 1`) and
+//! `attention` (causal softmax attention: raw scores over `j <= i`, `m` from the lowest finite
+//! f32, `Y = Ī`, statistics `(L, 0, 1)`; the backward kernels then take `E = U` and the diagonal
+//! as an ordinary key, and `g = 1` zeroes every Self and gate term).
+//!
 //! # Backward (derivation)
 //!
 //! With `dY_i` given and `(L, S, g, Ī)` saved per row, write `Y_i = (1 - g_i) Ĩ_i + g_i Ī_i` and
@@ -62,11 +67,11 @@ use cubecl::prelude::*;
 pub(crate) use super::cube_backward::backward;
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::cube::{
-    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_seq_rows, seq_tile,
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, key_blocks, load_seq_rows, seq_tile,
     sigmoid,
 };
 use crate::cube_softmax::scan_tile;
-use crate::ops::{FlashArgs, FlashForward, FlashParams};
+use crate::ops::{FlashArgs, FlashForward, FlashParams, Mixer};
 
 #[cube(launch)]
 fn flash_relation_fwd_kernel<F: Float>(
@@ -84,6 +89,7 @@ fn flash_relation_fwd_kernel<F: Float>(
     #[comptime] block_k: usize,
     #[comptime] save_ibar: bool,
     #[comptime] exchange_only: bool,
+    #[comptime] attention: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let at = seq_tile::<F>(p1, tiles, head_dim);
@@ -103,26 +109,36 @@ fn flash_relation_fwd_kernel<F: Float>(
         }
     }
     let mut m = f32::new(0.0);
+    if attention {
+        m = f32::new(f32::MIN); // raw scores have no lower bound
+    }
     let mut l = f32::new(0.0);
 
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
 
-    // Keys j < i of this sequence only: the cube's last row is `cube_end - 1`, so it needs keys
-    // 0 .. cube_end - 1 (none for a cube past the table's end, whose sequence is empty).
-    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
+    // Keys j < i of this sequence only (attention: j <= i): the cube's last row is
+    // `cube_end - 1`, so it needs keys 0 .. cube_end - 1 (0 .. cube_end), none for a cube past
+    // the table's end, whose sequence is empty.
+    let num_blocks = key_blocks(at.first, block_q, at.seq, block_k, attention);
+    let mut reach = i;
+    if attention {
+        reach += 1;
+    }
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
         load_seq_rows::<F>(p2, &mut k_tile, &at, j0, block_k, head_dim);
         load_seq_rows::<F>(info, &mut v_tile, &at, j0, block_k, head_dim);
         sync_cube();
 
-        if in_range && i > j0 {
-            let mut count = i - j0; // keys j0 .. i-1 of this tile are history
+        if in_range && reach > j0 {
+            let mut count = reach - j0; // keys j0 .. reach - 1 of this tile
             if count > block_k {
                 count = block_k;
             }
-            let (max, sum) = scan_tile(&q, &k_tile, &v_tile, count, m, l, &mut z, head_dim, false);
+            let (max, sum) = scan_tile(
+                &q, &k_tile, &v_tile, count, m, l, &mut z, head_dim, attention,
+            );
             m = max;
             l = sum;
         }
@@ -130,38 +146,56 @@ fn flash_relation_fwd_kernel<F: Float>(
     }
 
     if in_range {
-        let row = at.base + i * at.row_stride;
-        let mut u_self = f32::new(0.0);
-        #[unroll]
-        for d in 0..head_dim {
-            u_self += q[d] * f32::cast_from(p2[row + d]);
-        }
-        let s = sigmoid(u_self * inv_tau);
-        let mut lse = f32::new(NO_HISTORY_LSE);
-        let mut g = f32::new(0.0);
-        let mut inv_l = f32::new(0.0);
-        if i > 0 {
-            lse = m + l.ln();
-            let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
-            g = sigmoid(log_mass - s);
-            if comptime!(exchange_only) {
-                g = 1.0f32; // the Exchange-only ablation: the whole row to the history
+        if comptime!(attention) {
+            // `l >= 1`: the row's own key is among its scores. Statistics `(L, 0, 1)`.
+            let row = at.base + i * at.row_stride;
+            let inv_l = 1.0f32 / l;
+            #[unroll]
+            for d in 0..head_dim {
+                let ibar = z[d] * inv_l;
+                y[row + d] = F::cast_from(ibar);
+                if comptime!(save_ibar) {
+                    ibar_out[row + d] = F::cast_from(ibar);
+                }
             }
-            inv_l = 1.0f32 / l;
-        }
-        #[unroll]
-        for d in 0..head_dim {
-            let v = f32::cast_from(info[row + d]);
-            let ibar = z[d] * inv_l;
-            y[row + d] = F::cast_from(v + g * (ibar - v));
-            if comptime!(save_ibar) {
-                ibar_out[row + d] = F::cast_from(ibar);
+            let srow = (at.rows_base + i * at.heads) * STATS;
+            stats[srow + stat::LSE] = m + l.ln();
+            stats[srow + stat::SELF] = 0.0f32;
+            stats[srow + stat::SHARE] = 1.0f32;
+        } else {
+            let row = at.base + i * at.row_stride;
+            let mut u_self = f32::new(0.0);
+            #[unroll]
+            for d in 0..head_dim {
+                u_self += q[d] * f32::cast_from(p2[row + d]);
             }
+            let s = sigmoid(u_self * inv_tau);
+            let mut lse = f32::new(NO_HISTORY_LSE);
+            let mut g = f32::new(0.0);
+            let mut inv_l = f32::new(0.0);
+            if i > 0 {
+                lse = m + l.ln();
+                let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
+                g = sigmoid(log_mass - s);
+                if comptime!(exchange_only) {
+                    g = 1.0f32; // the Exchange-only ablation: the whole row to the history
+                }
+                inv_l = 1.0f32 / l;
+            }
+            #[unroll]
+            for d in 0..head_dim {
+                let v = f32::cast_from(info[row + d]);
+                let ibar = z[d] * inv_l;
+                y[row + d] = F::cast_from(v + g * (ibar - v));
+                if comptime!(save_ibar) {
+                    ibar_out[row + d] = F::cast_from(ibar);
+                }
+            }
+            let srow = (at.rows_base + i * at.heads) * STATS;
+            stats[srow + stat::LSE] = lse;
+            stats[srow + stat::SELF] = s;
+            stats[srow + stat::SHARE] = g;
         }
-        let srow = (at.rows_base + i * at.heads) * STATS;
-        stats[srow + stat::LSE] = lse;
-        stats[srow + stat::SELF] = s;
-        stats[srow + stat::SHARE] = g;
     }
 }
 
@@ -191,8 +225,10 @@ fn launch_forward(
         into_contiguous(info),
         into_contiguous(lambda),
     );
-    if matches!(p1.dtype, DType::F16 | DType::BF16) {
-        // Half precision runs on tile products: the matrix units where the runtime has them.
+    let attention = params.mixer == Mixer::Attention;
+    if matches!(p1.dtype, DType::F16 | DType::BF16) && !attention {
+        // Half precision runs on tile products: the matrix units where the runtime has them
+        // (attention's rows, not yet: they run below, reading `F` and summing in f32).
         let (y, ibar, stats) =
             super::cube_tiles::launch((p1, p2, info, lambda), &params, save_ibar);
         return Forward { y, ibar, stats };
@@ -201,7 +237,7 @@ fn launch_forward(
         scale,
         inv_tau,
         segments,
-        exchange_only,
+        mixer,
     } = params;
     let dims = p1.meta.shape().clone();
     let (b, t, h, d) = (dims[0], dims[1], dims[2], dims[3]);
@@ -240,7 +276,8 @@ fn launch_forward(
         d,
         tiling.block_k,
         save_ibar,
-        exchange_only,
+        mixer == Mixer::ExchangeOnly,
+        attention,
         dtype_to_storage_type(dtype),
     );
     Forward { y, ibar, stats }

@@ -9,10 +9,10 @@ use cubecl::prelude::*;
 
 use super::{STATS, stat};
 use crate::cube::{
-    SequenceTiles, Tiling, empty_like, empty_like_dtype, history_blocks, load_rows, load_seq_rows,
+    SequenceTiles, Tiling, empty_like, empty_like_dtype, key_blocks, load_rows, load_seq_rows,
     seq_tile, sigmoid,
 };
-use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
+use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved, Mixer};
 
 /// Channels of the backward row tensor `[B, T, H, ROWS]`: the forward's `L`, `S`, `g`
 /// (at their [`stat`] channels), then:
@@ -64,6 +64,21 @@ fn flash_relation_prepass_kernel<F: Float>(
     }
 }
 
+/// One score's weight and gradient in the backward: `pi = e^{E - L}` and
+/// `dU = pi (dP + offset) E'(U)` (`offset = dA - D`), with `E = SiLU(U)` for the Relation and
+/// `E = U` for attention.
+#[cube]
+fn score_grad(u: f32, dp: f32, lse: f32, offset: f32, #[comptime] attention: bool) -> (f32, f32) {
+    if comptime!(attention) {
+        let pi = (u - lse).exp();
+        (pi, pi * (dp + offset))
+    } else {
+        let sg = sigmoid(u);
+        let pi = (u * sg - lse).exp();
+        (pi, pi * (dp + offset) * sg * (1.0f32 + u * (1.0f32 - sg)))
+    }
+}
+
 /// `dp1`: one unit per query row, key tiles in shared memory (row-outer).
 #[cube(launch)]
 fn flash_relation_dq_kernel<F: Float>(
@@ -78,6 +93,7 @@ fn flash_relation_dq_kernel<F: Float>(
     inv_tau: f32,
     #[comptime] head_dim: usize,
     #[comptime] block_k: usize,
+    #[comptime] attention: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let at = seq_tile::<F>(p1, tiles, head_dim);
@@ -109,14 +125,18 @@ fn flash_relation_dq_kernel<F: Float>(
 
     let mut k_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut v_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
-    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
+    let num_blocks = key_blocks(at.first, block_q, at.seq, block_k, attention);
+    let mut reach = i; // keys j < reach
+    if attention {
+        reach += 1;
+    }
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
         load_seq_rows::<F>(p2, &mut k_tile, &at, j0, block_k, head_dim);
         load_seq_rows::<F>(info, &mut v_tile, &at, j0, block_k, head_dim);
         sync_cube();
-        if in_range && i > j0 {
-            let mut count = i - j0;
+        if in_range && reach > j0 {
+            let mut count = reach - j0;
             if count > block_k {
                 count = block_k;
             }
@@ -128,9 +148,7 @@ fn flash_relation_dq_kernel<F: Float>(
                     u += q[d] * k_tile[jj * head_dim + d];
                     dpi += dibar[d] * v_tile[jj * head_dim + d];
                 }
-                let sg = sigmoid(u);
-                let pi = (u * sg - lse).exp();
-                let du = pi * (dpi + offset) * sg * (1.0f32 + u * (1.0f32 - sg));
+                let du = score_grad(u, dpi, lse, offset, attention).1;
                 #[unroll]
                 for d in 0..head_dim {
                     acc[d] += du * k_tile[jj * head_dim + d];
@@ -168,6 +186,7 @@ fn flash_relation_dkdv_kernel<F: Float>(
     inv_tau: f32,
     #[comptime] head_dim: usize,
     #[comptime] block_k: usize,
+    #[comptime] attention: bool,
     #[define(F)] _dtype: ElemType,
 ) {
     let at = seq_tile::<F>(p1, tiles, head_dim);
@@ -195,9 +214,14 @@ fn flash_relation_dkdv_kernel<F: Float>(
     let mut g_tile = Shared::<[f32]>::new_slice(comptime!(block_k * head_dim));
     let mut r_tile = Shared::<[f32]>::new_slice(comptime!(block_k * 2));
 
-    // Queries i > j of this sequence, from the tile holding the cube's first column + 1 to the
-    // sequence's end (none for an empty sequence).
-    let first = (at.first + 1) / block_k;
+    // Queries i > j of this sequence (attention: i >= j), from the tile holding the cube's first
+    // column + 1 (its first column) to the sequence's end (none for an empty sequence).
+    let mut after = j + 1; // the first query that reads key j
+    let mut first = (at.first + 1) / block_k;
+    if attention {
+        after = j;
+        first = at.first / block_k;
+    }
     let num_blocks = at.seq.div_ceil(block_k);
     for kb in first..num_blocks {
         let i0 = kb * block_k;
@@ -243,7 +267,7 @@ fn flash_relation_dkdv_kernel<F: Float>(
         if in_range {
             for ii in 0..block_k {
                 let i = i0 + ii;
-                if i > j && i < at.seq {
+                if i >= after && i < at.seq {
                     let mut u = f32::new(0.0);
                     let mut dpi = f32::new(0.0);
                     #[unroll]
@@ -251,9 +275,8 @@ fn flash_relation_dkdv_kernel<F: Float>(
                         u += q_tile[ii * head_dim + d] * k[d];
                         dpi += g_tile[ii * head_dim + d] * v[d];
                     }
-                    let sg = sigmoid(u);
-                    let pi = (u * sg - r_tile[ii * 2]).exp();
-                    let du = pi * (dpi + r_tile[ii * 2 + 1]) * sg * (1.0f32 + u * (1.0f32 - sg));
+                    let (pi, du) =
+                        score_grad(u, dpi, r_tile[ii * 2], r_tile[ii * 2 + 1], attention);
                     #[unroll]
                     for d in 0..head_dim {
                         acc_v[d] += pi * g_tile[ii * head_dim + d];
@@ -305,8 +328,9 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         scale,
         inv_tau,
         ref segments,
-        ..
+        mixer,
     } = params;
+    let attention = mixer == Mixer::Attention;
     let (p1, p2, info, ibar, stats, dy) = (
         into_contiguous(p1),
         into_contiguous(p2),
@@ -345,8 +369,8 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         dtype,
     );
 
-    if matches!(p1.dtype, DType::F16 | DType::BF16) {
-        // Half precision runs on tile products, as the forward does.
+    if matches!(p1.dtype, DType::F16 | DType::BF16) && !attention {
+        // Half precision runs on tile products, as the forward does (attention: not yet).
         let (dp1, dp2, dinfo) =
             super::cube_tiles_backward::launch((p1, p2, info, dy), &rows, &params);
         return Gradients {
@@ -372,6 +396,7 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         inv_tau,
         d,
         tiling.block_k,
+        attention,
         dtype,
     );
     let dp2 = empty_like(&p1, dims.clone());
@@ -392,6 +417,7 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         inv_tau,
         d,
         tiling.block_k,
+        attention,
         dtype,
     );
     Gradients {

@@ -41,7 +41,7 @@ use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::cube::{
     SeqTile, SequenceTiles, empty_like, empty_like_dtype, history_blocks, seq_tile, sigmoid,
 };
-use crate::ops::FlashParams;
+use crate::ops::{FlashParams, Mixer};
 use crate::tile_mma::{TILE, TilePath, tile_path, tile_product};
 
 /// Block and tile sizes of one tiled launch, from the device's limits.
@@ -530,7 +530,7 @@ pub(super) fn launch(
         shape.planes,
         shape.block_k,
         save_ibar,
-        params.exchange_only,
+        params.mixer == Mixer::ExchangeOnly,
         path == TilePath::MatrixUnits,
         dtype_to_storage_type(dtype),
     );

@@ -21,8 +21,9 @@
 //! `BLOCK_Q x BLOCK_K` tile per task: no `T x T` buffer exists.
 //!
 //! The same tasks compute the Exchange-only ablation's rows and softmax attention's (raw
-//! scores over `j <= i`, ending at `Ī`), and, from a first position past 0, a sequence's last
-//! rows against its cached keys (`flex_rows.rs`).
+//! scores over `j <= i`, ending at `Ī`; its statistics are `(L, 0, 1)`: no Self term, the whole
+//! row to the softmax), and, from a first position past 0, a sequence's last rows against its
+//! cached keys (`flex_rows.rs`).
 //!
 //! # Layout
 //!
@@ -39,12 +40,11 @@ use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 use super::{NO_HISTORY_LSE, STATS, stat};
-use crate::decode::DecodeMixer;
 use crate::flex::{
     Mat, MulAdd, Strided, Triangle, Uninit, Vectorized, dims4, exp, f32_data, gemm, head_rows,
     read_f32, sigmoid, silu, tensor, transpose_heads, vectorized, zero_rows,
 };
-use crate::ops::{FlashArgs, FlashForward, FlashParams};
+use crate::ops::{FlashArgs, FlashForward, FlashParams, Mixer};
 use crate::sequence::{Sequence, sequences};
 
 pub(crate) use super::flex_backward::backward;
@@ -203,7 +203,7 @@ fn launch_forward(
         scale,
         inv_tau,
         segments,
-        exchange_only,
+        mixer,
     } = params;
     let dims = dims4(&p1);
     tracing::trace!(
@@ -215,11 +215,6 @@ fn launch_forward(
     );
     let [b, t, h, d] = dims;
     let stat_dims = [b, t, h, STATS];
-    let mixer = if exchange_only {
-        DecodeMixer::ExchangeOnly
-    } else {
-        DecodeMixer::Relation
-    };
     let seqs = sequences(b, t, segments.as_ref());
     let dtype = p1.dtype();
     let lambda = read_f32(&lambda)[0];
@@ -268,7 +263,7 @@ pub(super) struct Scalars {
     pub(super) lambda: f32,
     pub(super) scale: f32,
     pub(super) inv_tau: f32,
-    pub(super) mixer: DecodeMixer,
+    pub(super) mixer: Mixer,
 }
 
 /// Every forward task of a call, in parallel: the query blocks of `BLOCK_Q` rows of each
@@ -366,7 +361,7 @@ fn forward_block<M: MulAdd>(
     let n = rows.y.len();
     let i1 = i0 + n;
     let z = rows.ibar; // zeros ([`zero_rows`])
-    let attention = mixer == DecodeMixer::Attention;
+    let attention = mixer == Mixer::Attention;
     let mut m = [if attention { f32::MIN } else { 0.0f32 }; BLOCK_Q];
     let mut l = [0.0f32; BLOCK_Q];
     let mut u_self = [0.0f32; BLOCK_Q];
@@ -438,7 +433,7 @@ fn forward_block<M: MulAdd>(
         let (lse, g, inv_l) = if i > 0 {
             let lse = m[r] + l[r].ln();
             let log_mass = lse - lambda * ((i + 1) as f32).ln();
-            let g = if mixer == DecodeMixer::ExchangeOnly {
+            let g = if mixer == Mixer::ExchangeOnly {
                 1.0
             } else {
                 sigmoid::<M>(log_mass - s)

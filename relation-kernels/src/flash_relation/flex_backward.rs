@@ -14,6 +14,10 @@
 //! dp1_i += scale dU K,  dp2_j += scale dUᵀ Q,  dĨ_j += piᵀ dĪ      (three GEMMs)
 //! ```
 //! and `dlambda = -sum_i dA_i log i`, summed per head and then over heads in order.
+//!
+//! Softmax attention (`Mixer::Attention`) is the same scan with `g = 1` from its statistics (so
+//! `dĪ = dY`, `dA = 0`, `dĨ` starts at 0), raw scores (`pi = e^{U - L}`, `dU = pi (dP - D)`),
+//! the softmax over `j <= i` and no Self term.
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
@@ -25,7 +29,7 @@ use crate::flex::{
     LANES, Mat, MulAdd, Strided, Triangle, Uninit, Vectorized, dims4, exp, f32_data, gemm,
     head_rows, init_rows, prefetch, sigmoid, tensor, transpose_heads, vectorized, zero_rows,
 };
-use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved};
+use crate::ops::{FlashArgs, FlashGrads, FlashParams, FlashSaved, Mixer};
 use crate::sequence::sequences;
 
 use super::flex::{BLOCK_K, BLOCK_Q, Head, ROW_LANES, diagonal, first_row, head_t, scores};
@@ -56,6 +60,29 @@ fn exchange_grad<M: MulAdd>(
             let pi = exp::<M>(M::mul_add(*x, sg, -lse)); // e^{SiLU(U) - L}
             let d_e = pi * (*p + shift);
             *x = d_e * sg * M::mul_add(*x, 1.0 - sg, 1.0); // dU = dE SiLU'(U)
+            *p = pi;
+        }
+    }
+}
+
+/// Attention's backward tile row, in place over its first `valid` entries (as
+/// [`exchange_grad`]): `U` becomes `dU = pi (dP - D)`, `dP` becomes `pi = e^{U - L}`.
+#[inline(always)]
+fn attention_grad<M: MulAdd>(
+    u_row: &mut [f32],
+    p_row: &mut [f32],
+    valid: usize,
+    lse: f32,
+    shift: f32,
+) {
+    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
+    for (u, p) in u_row[..whole]
+        .chunks_exact_mut(ROW_LANES)
+        .zip(p_row[..whole].chunks_exact_mut(ROW_LANES))
+    {
+        for (x, p) in u.iter_mut().zip(p) {
+            let pi = exp::<M>(*x - lse);
+            *x = pi * (*p + shift);
             *p = pi;
         }
     }
@@ -118,8 +145,9 @@ pub(crate) fn backward(
         scale,
         inv_tau,
         segments,
-        ..
+        mixer,
     } = params;
+    let attention = mixer == Mixer::Attention;
     let dims = dims4(&p1);
     let [b, t, h, d] = dims;
     let seqs = sequences(b, t, segments.as_ref());
@@ -164,6 +192,7 @@ pub(crate) fn backward(
                 grads: [&mut dp1, &mut dp2, &mut dinfo],
                 scale,
                 inv_tau,
+                attention,
             })
         })
         .collect();
@@ -209,6 +238,8 @@ struct BackwardHead<'a, 'b> {
     grads: [&'a mut Vec<&'b mut [f32]>; 3],
     scale: f32,
     inv_tau: f32,
+    /// Softmax attention's rows rather than the Relation's (see the module docs).
+    attention: bool,
 }
 
 impl Vectorized for BackwardHead<'_, '_> {
@@ -216,7 +247,7 @@ impl Vectorized for BackwardHead<'_, '_> {
 
     #[inline(always)]
     fn run<M: MulAdd>(self) -> f64 {
-        backward_head::<M>(self.head, self.saved, self.grads, self.scale, self.inv_tau)
+        backward_head::<M>(self)
     }
 }
 
@@ -224,11 +255,14 @@ impl Vectorized for BackwardHead<'_, '_> {
 /// arrive zeroed, [`zero_rows`]); returns `sum_i dA_i log i`.
 #[inline(always)] // into `BackwardHead::run`, so the element loops are vectorised for this CPU
 fn backward_head<M: MulAdd>(
-    head: Head<'_>,
-    saved: Saved<'_>,
-    [dp1, dp2, dinfo]: [&mut Vec<&mut [f32]>; 3],
-    scale: f32,
-    inv_tau: f32,
+    BackwardHead {
+        head,
+        saved,
+        grads: [dp1, dp2, dinfo],
+        scale,
+        inv_tau,
+        attention,
+    }: BackwardHead<'_, '_>,
 ) -> f64 {
     let (t, d) = (head.t, head.d);
     // Prepass per row: dĪ = g dY, dA, D = dĪ · Ī, dĨ = (1 - g) dY.
@@ -298,6 +332,14 @@ fn backward_head<M: MulAdd>(
                     &mut u[r * BLOCK_K..(r + 1) * BLOCK_K],
                     &mut dp[r * BLOCK_K..(r + 1) * BLOCK_K],
                 );
+                if attention {
+                    // Keys j <= i; no Self term; dA = 0.
+                    let valid = nk.min((i + 1).saturating_sub(j0));
+                    attention_grad::<M>(u_row, p_row, valid, lse, -d_row[i]);
+                    u_row[valid..nk].fill(0.0);
+                    p_row[valid..nk].fill(0.0);
+                    continue;
+                }
                 let valid = nk.min(i.saturating_sub(j0));
                 exchange_grad::<M>(u_row, p_row, valid, lse, d_a[i] - d_row[i]);
                 // j = i: the Self term; j > i: masked (the products after this read zeros).

@@ -19,13 +19,14 @@ pub(crate) mod flex_rows;
 use burn::backend::Dispatch;
 use burn::tensor::{Int, Tensor, TensorData};
 use relation_core::{
-    FactorizedRelation, RelationStats, Segments, check, naive_exchange_only_relation,
-    naive_factorized_relation, naive_packed_exchange_only_relation,
-    naive_packed_factorized_relation, naive_packed_relation, naive_parallel_relation,
+    FactorizedRelation, RelationStats, Segments, check, naive_attention,
+    naive_exchange_only_relation, naive_factorized_relation, naive_packed_attention,
+    naive_packed_exchange_only_relation, naive_packed_factorized_relation, naive_packed_relation,
+    naive_parallel_relation,
 };
 
 use crate::error::{KernelError, Result};
-use crate::ops::{FlashParams, RelationOps};
+use crate::ops::{FlashParams, Mixer, RelationOps};
 use crate::strategy::Strategy;
 
 /// Channels of the forward statistics tensor `[B, T, H, STATS]` (f32), shared by the CubeCL
@@ -98,7 +99,14 @@ struct Checked {
     fused: bool,
 }
 
-fn checked(x: &FlashInputs, lambda: &Tensor<1>, tau: f64, strategy: Strategy) -> Result<Checked> {
+/// `op` names the public function in errors.
+fn checked(
+    op: &'static str,
+    x: &FlashInputs,
+    lambda: &Tensor<1>,
+    tau: f64,
+    strategy: Strategy,
+) -> Result<Checked> {
     let dims = check::relation_inputs(&x.p1, &x.p2, &x.info, tau)?;
     check::exact_shape("lambda", lambda, "[1]", [1])?;
     check::same_device("lambda", lambda, &x.p1)?;
@@ -107,10 +115,10 @@ fn checked(x: &FlashInputs, lambda: &Tensor<1>, tau: f64, strategy: Strategy) ->
     }
     // Flex and CubeCL kernels both take packed rows: a sequence table (the B rows, or the
     // segments) is what they iterate over.
-    let fused = strategy.use_fused("flash_relation", &x.p1)?;
+    let fused = strategy.use_fused(op, &x.p1)?;
     if fused && dims.head_dim > MAX_HEAD_DIM {
         return Err(KernelError::HeadDimTooLarge {
-            op: "flash_relation",
+            op,
             head_dim: dims.head_dim,
             max: MAX_HEAD_DIM,
         });
@@ -120,7 +128,7 @@ fn checked(x: &FlashInputs, lambda: &Tensor<1>, tau: f64, strategy: Strategy) ->
             scale: (1.0 / (dims.head_dim as f64).sqrt()) as f32,
             inv_tau: (1.0 / tau) as f32,
             segments: x.segments.clone(),
-            exchange_only: false,
+            mixer: Mixer::Relation,
         },
         fused,
     })
@@ -146,7 +154,13 @@ pub fn flash_exchange_only(x: FlashInputs, strategy: Strategy) -> Result<Tensor<
     // The kernels still compute S (for their statistics) and read lambda for A: any valid
     // values do, neither reaches Y.
     let lambda = Tensor::<1>::zeros([1], &x.p1.device()).cast(x.p1.dtype());
-    let mut c = checked(&x, &lambda, relation_core::DEFAULT_TAU, strategy)?;
+    let mut c = checked(
+        "flash_exchange_only",
+        &x,
+        &lambda,
+        relation_core::DEFAULT_TAU,
+        strategy,
+    )?;
     let FlashInputs {
         p1,
         p2,
@@ -159,7 +173,50 @@ pub fn flash_exchange_only(x: FlashInputs, strategy: Strategy) -> Result<Tensor<
             Some(s) => naive_packed_exchange_only_relation(p1, p2, info, s)?,
         });
     }
-    c.params.exchange_only = true;
+    c.params.mixer = Mixer::ExchangeOnly;
+    Ok(fused(p1, p2, info, lambda.detach(), c.params))
+}
+
+/// Causal softmax attention (the `MHA` baseline) on FlashRelation's fused kernels: row `i` is
+/// `Σ_{j<=i} softmax_{j<=i}(q_i · k_j / √D) v_j`, computed tile by tile without any `T x T`
+/// buffer, with a fused backward from `O(T D)` saved state (FlashAttention-2's recipe: the
+/// statistics are the row's log-sum-exp), packed documents each alone. `x.p1` holds the
+/// queries, `x.p2` the keys (both after RoPE), `x.info` the values.
+///
+/// The same kernels as [`flash_relation`] with raw scores, the softmax over `j <= i` and no
+/// Self term (forward and backward, Flex and CubeCL; on CubeCL f16/bf16 run the row-per-unit
+/// kernels, not the tile products); elsewhere (or with [`Strategy::Reference`])
+/// `relation_core::naive_attention` (packed: `naive_packed_attention`).
+///
+/// # Shapes
+/// - `x`: as [`FlashInputs`] (`p1`, `p2`, `info` = `Q`, `K`, `V`)
+/// - output: same as `x.info`
+///
+/// # Errors
+/// As [`flash_relation`].
+pub fn flash_attention(x: FlashInputs, strategy: Strategy) -> Result<Tensor<4>> {
+    // Neither lambda nor tau reaches attention's rows; any valid values pass the checks.
+    let lambda = Tensor::<1>::zeros([1], &x.p1.device()).cast(x.p1.dtype());
+    let mut c = checked(
+        "flash_attention",
+        &x,
+        &lambda,
+        relation_core::DEFAULT_TAU,
+        strategy,
+    )?;
+    let FlashInputs {
+        p1,
+        p2,
+        info,
+        segments,
+    } = x;
+    if !c.fused {
+        return Ok(match &segments {
+            None => naive_attention(p1, p2, info)?,
+            Some(s) => naive_packed_attention(p1, p2, info, s)?,
+        });
+    }
+    c.params.mixer = Mixer::Attention;
     Ok(fused(p1, p2, info, lambda.detach(), c.params))
 }
 
@@ -189,7 +246,7 @@ pub fn flash_relation(
     tau: f64,
     strategy: Strategy,
 ) -> Result<Tensor<4>> {
-    let c = checked(&x, &lambda, tau, strategy)?;
+    let c = checked("flash_relation", &x, &lambda, tau, strategy)?;
     let FlashInputs {
         p1,
         p2,
@@ -243,7 +300,7 @@ pub fn flash_relation_with_stats(
     tau: f64,
     strategy: Strategy,
 ) -> Result<FactorizedRelation> {
-    let c = checked(&x, &lambda, tau, strategy)?;
+    let c = checked("flash_relation", &x, &lambda, tau, strategy)?;
     let FlashInputs {
         p1,
         p2,
