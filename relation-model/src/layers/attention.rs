@@ -6,7 +6,10 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
 use relation_core::{RopePositions, Segments};
-use relation_kernels::{CachedRows, Strategy, flash_attention_decode, has_kernels};
+use relation_kernels::{
+    CachedRows, FlashInputs, Strategy, flash_attention, flash_attention_decode, has_kernels,
+    is_flex,
+};
 
 use super::{QkvProjection, dense, linear, merge_heads, unpack};
 use crate::cache::LayerCache;
@@ -41,7 +44,10 @@ pub struct CausalSelfAttention {
 }
 
 impl CausalSelfAttention {
-    /// Full-sequence causal forward (Burn's fused attention).
+    /// Full-sequence causal forward: on Flex the fused tiled attention
+    /// ([`flash_attention`], forward and backward without `T x T` buffers), elsewhere Burn's
+    /// attention (on CubeCL runtimes it is the faster of the two until the fused kernel's half
+    /// precision runs on tile products; `docs/bench/` measures both).
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
@@ -50,6 +56,10 @@ impl CausalSelfAttention {
     /// A bad RoPE base.
     pub fn forward(&self, x: Tensor<3>) -> crate::Result<Tensor<3>> {
         let (q, k, v) = self.qkv.forward(x, 0)?;
+        if fused(&q.device()) {
+            let y = flash_attention(FlashInputs::new(q, k, v), Strategy::Auto)?;
+            return dense(&self.wo, merge_heads(y));
+        }
         let options = AttentionModuleOptions {
             scale: None,
             softcap: None,
@@ -70,7 +80,8 @@ impl CausalSelfAttention {
     /// Block-diagonal causal attention over a packed row of documents (`segments`): every
     /// document attends only to itself, with RoPE at its own positions.
     ///
-    /// Two layouts give the same result, and the cheaper one runs. When the row splits into
+    /// On Flex one fused call over the packed row ([`flash_attention`] with the segments, each
+    /// document's key tiles only). Elsewhere Burn's attention in the cheaper of two layouts. When the row splits into
     /// equal rows of `R` tokens at segment boundaries (the trainer's packed micro-batch: `B`
     /// rows of `T`), one attention call over `[total / R, H, R, R]` with a mask that keeps each
     /// query on its own document's keys costs `total · R`; one call per document costs
@@ -92,9 +103,9 @@ impl CausalSelfAttention {
     /// [`forward_packed`](Self::forward_packed) that also returns each document's K/V cache (a
     /// prefill of prompts of different lengths in one pass): rows `0..len` of sequence `i` hold
     /// document `i`'s rotated keys and values, as prefilling it alone would leave them. Where
-    /// the kernels exist each document's rows are the fused tiled forward over its own keys
-    /// ([`flash_attention_decode`], one call per document, as its prefill alone would run),
-    /// elsewhere the block-diagonal attention of [`forward_packed`](Self::forward_packed).
+    /// the kernels exist (CubeCL too: no backward to pay for) the rows are one fused call
+    /// ([`flash_attention`] over the packed row), elsewhere
+    /// [`forward_packed`](Self::forward_packed)'s attention.
     ///
     /// # Shapes
     /// - `x`: `[1, total, d]`, output: `[1, total, d]`; the cache `[N, max len, H, D]` buffers
@@ -117,15 +128,8 @@ impl CausalSelfAttention {
         if !has_kernels(&q.device()) {
             return Ok((self.packed(q, k, v, segments)?, cache));
         }
-        let parts = segments
-            .bounds()
-            .map(|(s, e)| {
-                let own = |t: &Tensor<4>| t.clone().narrow(1, s, e - s); // [1, len, H, D]
-                let rows = CachedRows::uniform(own(&k), own(&v), e - s);
-                flash_attention_decode(own(&q), rows, Strategy::Auto)
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let y = dense(&self.wo, merge_heads(Tensor::cat(parts, 1)))?; // [1, total, d]
+        let x = FlashInputs::new(q, k, v).packed(segments.clone());
+        let y = dense(&self.wo, merge_heads(flash_attention(x, Strategy::Auto)?))?;
         Ok((y, cache))
     }
 
@@ -138,6 +142,10 @@ impl CausalSelfAttention {
         v: Tensor<4>,
         segments: &Segments,
     ) -> crate::Result<Tensor<3>> {
+        if fused(&q.device()) {
+            let x = FlashInputs::new(q, k, v).packed(segments.clone());
+            return dense(&self.wo, merge_heads(flash_attention(x, Strategy::Auto)?));
+        }
         let [_, total, h, d] = q.dims();
         let causal = AttentionModuleOptions {
             scale: None,
@@ -203,6 +211,12 @@ impl CausalSelfAttention {
         let y = flash_attention_decode(q, cached, Strategy::Auto)?; // [B, n, H, D]
         dense(&self.wo, merge_heads(y))
     }
+}
+
+/// Whether the full-sequence forwards run the fused attention on `device` (see
+/// [`CausalSelfAttention::forward`]).
+fn fused(device: &Device) -> bool {
+    is_flex(device)
 }
 
 /// The smallest row length `R` that cuts the packed row into equal rows at segment boundaries

@@ -164,3 +164,56 @@ fn givens_mixed_weight_matches_mixing_every_token() {
         }
     }
 }
+
+/// The attention layer's fused path on Flex (`relation_kernels::flash_attention`) against
+/// Burn's own attention on the same projections: the output and the gradients of the input and
+/// of every weight.
+#[test]
+fn attention_layer_on_flex_matches_burns_attention() {
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+
+    let device = Device::flex().autodiff();
+    let layer = CausalSelfAttentionConfig::new(64, 4).init(&device).unwrap();
+    let causal = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal: true,
+    };
+    let x = relation_core::testing::uniform([2, 70, 64], 5, 1.0, &device, DType::F32);
+    let weights = relation_core::testing::uniform([2, 70, 64], 6, 1.0, &device, DType::F32);
+    let run = |fused: bool| {
+        let x = x.clone().require_grad();
+        let y = if fused {
+            layer.forward(x.clone()).unwrap()
+        } else {
+            let (q, k, v) = layer.qkv.forward(x.clone(), 0).unwrap(); // [B, T, H, D]
+            let heads = |t: Tensor<4>| t.swap_dims(1, 2); // [B, H, T, D]
+            let y = attention(heads(q), heads(k), heads(v), None, None, causal).swap_dims(1, 2);
+            layer.wo.forward(y.reshape([2, 70, 64]))
+        };
+        let grads = (y.clone() * weights.clone()).sum().backward();
+        let on_flex = |t: Tensor<2>| Tensor::<2>::from_data(t.into_data(), &Device::flex());
+        let mut out = vec![
+            ("Y", on_flex(y.reshape([140, 64]))),
+            ("dx", on_flex(x.grad(&grads).unwrap().reshape([140, 64]))),
+        ];
+        for (name, w) in [
+            ("dWq", &layer.qkv.wq),
+            ("dWk", &layer.qkv.wk),
+            ("dWv", &layer.qkv.wv),
+            ("dWo", &layer.wo),
+        ] {
+            out.push((name, on_flex(w.weight.grad(&grads).unwrap())));
+        }
+        out
+    };
+    for ((name, got), (_, want)) in run(true).into_iter().zip(run(false)) {
+        let check = if name == "Y" {
+            Check::Forward
+        } else {
+            Check::Gradient
+        };
+        assert_close(name, &got, &want, tolerance(DType::F32, check));
+    }
+}
