@@ -11,6 +11,9 @@
 //! For each `T` it times the forward pass and a training step (forward + backward) of
 //! - **fused**: `relation_kernels::flash_relation` with `Strategy::Fused` (the CubeCL kernels, or
 //!   the Flex CPU kernels),
+//! - **fused attention**: causal softmax attention on the same kernels,
+//!   `relation_kernels::flash_attention` with `Strategy::Fused` (the mixer's cost without the
+//!   Relation's activation and Self term: the peer at equal tiling),
 //! - **materialized**: `relation_core::naive_parallel_relation` (builds `R`, `T x T` per head),
 //! - **burn attention**: `burn::tensor::module::attention(.., is_causal)` (Burn's flash kernel
 //!   forward on CubeCL; its training falls back to the decomposed form), named **burn
@@ -47,7 +50,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, Device, Tensor};
 use relation_core::testing::uniform;
 use relation_core::{DEFAULT_TAU, naive_parallel_relation};
-use relation_kernels::{FlashInputs, Strategy, flash_relation, has_kernels};
+use relation_kernels::{FlashInputs, Strategy, flash_attention, flash_relation, has_kernels};
 
 /// `--seqs` and `--iters` without the flags.
 const SEQS: [usize; 5] = [256, 512, 1024, 2048, 4096];
@@ -81,6 +84,8 @@ enum Method {
     /// The fused kernels with their tile products forced onto the emulated path (listed only
     /// where the device has matrix units for the dtype).
     FusedEmulated,
+    /// Causal softmax attention on the fused kernels.
+    FusedAttention,
     Materialized,
     BurnAttention,
     /// Burn's batched matmul `P1 · P2ᵀ` per (batch, head), `[T, D] x [D, T]`: the GEMM rate at
@@ -93,6 +98,7 @@ impl Method {
         match self {
             Self::Fused => "fused",
             Self::FusedEmulated => "fused, emulated tiles",
+            Self::FusedAttention => "fused attention",
             Self::Materialized => "materialized",
             Self::BurnAttention if cfg!(feature = "autotune") => "burn attention, autotune",
             Self::BurnAttention => "burn attention",
@@ -128,6 +134,10 @@ fn apply(
             .expect("fused");
             relation_kernels::debug::force_emulated_tiles(false);
             y
+        }
+        Method::FusedAttention => {
+            let _ = lambda;
+            flash_attention(FlashInputs::new(p1, p2, info), Strategy::Fused).expect("fused")
         }
         Method::Matmul => {
             let _ = (info, lambda);
@@ -237,7 +247,7 @@ fn expected_row(
         .map(|j| {
             let u = q.iter().zip(row(p2, j)).map(|(a, b)| a * b).sum::<f64>() * scale;
             match method {
-                Method::BurnAttention => u,
+                Method::BurnAttention | Method::FusedAttention => u,
                 _ if j == i => 1.0 / (1.0 + (-u / DEFAULT_TAU).exp()),
                 _ => u / (1.0 + (-u).exp()) - f64::from(LAMBDA) * ((i + 1) as f64).ln(),
             }
@@ -360,7 +370,12 @@ pub fn run(args: &Args) {
         return;
     }
     let mut methods: Vec<Method> = if has_kernels(&device) {
-        vec![Method::Fused, Method::Materialized, Method::BurnAttention]
+        vec![
+            Method::Fused,
+            Method::FusedAttention,
+            Method::Materialized,
+            Method::BurnAttention,
+        ]
     } else {
         vec![Method::Materialized, Method::BurnAttention]
     };
