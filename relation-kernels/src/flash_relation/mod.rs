@@ -151,16 +151,32 @@ fn checked(
 /// # Errors
 /// As [`flash_relation`].
 pub fn flash_exchange_only(x: FlashInputs, strategy: Strategy) -> Result<Tensor<4>> {
-    // The kernels still compute S (for their statistics) and read lambda for A: any valid
-    // values do, neither reaches Y.
-    let lambda = Tensor::<1>::zeros([1], &x.p1.device()).cast(x.p1.dtype());
-    let mut c = checked(
+    let reference = |[p1, p2, info]: [Tensor<4>; 3], segments: Option<&Segments>| match segments {
+        None => naive_exchange_only_relation(p1, p2, info),
+        Some(s) => naive_packed_exchange_only_relation(p1, p2, info, s),
+    };
+    without_scalars(
         "flash_exchange_only",
-        &x,
-        &lambda,
-        relation_core::DEFAULT_TAU,
+        Mixer::ExchangeOnly,
+        x,
         strategy,
-    )?;
+        reference,
+    )
+}
+
+/// A mixer whose rows read neither `lambda` nor `tau` (the Exchange-only ablation, attention):
+/// the checks, then `reference` (inputs, segments) or the fused kernels under `mixer`. The
+/// kernels still read a `lambda` and compute `S` for their statistics: any valid values do, as
+/// neither reaches `Y`.
+fn without_scalars(
+    op: &'static str,
+    mixer: Mixer,
+    x: FlashInputs,
+    strategy: Strategy,
+    reference: impl FnOnce([Tensor<4>; 3], Option<&Segments>) -> relation_core::Result<Tensor<4>>,
+) -> Result<Tensor<4>> {
+    let lambda = Tensor::<1>::zeros([1], &x.p1.device()).cast(x.p1.dtype());
+    let mut c = checked(op, &x, &lambda, relation_core::DEFAULT_TAU, strategy)?;
     let FlashInputs {
         p1,
         p2,
@@ -168,12 +184,9 @@ pub fn flash_exchange_only(x: FlashInputs, strategy: Strategy) -> Result<Tensor<
         segments,
     } = x;
     if !c.fused {
-        return Ok(match &segments {
-            None => naive_exchange_only_relation(p1, p2, info)?,
-            Some(s) => naive_packed_exchange_only_relation(p1, p2, info, s)?,
-        });
+        return Ok(reference([p1, p2, info], segments.as_ref())?);
     }
-    c.params.mixer = Mixer::ExchangeOnly;
+    c.params.mixer = mixer;
     Ok(fused(p1, p2, info, lambda.detach(), c.params))
 }
 
@@ -195,29 +208,11 @@ pub fn flash_exchange_only(x: FlashInputs, strategy: Strategy) -> Result<Tensor<
 /// # Errors
 /// As [`flash_relation`].
 pub fn flash_attention(x: FlashInputs, strategy: Strategy) -> Result<Tensor<4>> {
-    // Neither lambda nor tau reaches attention's rows; any valid values pass the checks.
-    let lambda = Tensor::<1>::zeros([1], &x.p1.device()).cast(x.p1.dtype());
-    let mut c = checked(
-        "flash_attention",
-        &x,
-        &lambda,
-        relation_core::DEFAULT_TAU,
-        strategy,
-    )?;
-    let FlashInputs {
-        p1,
-        p2,
-        info,
-        segments,
-    } = x;
-    if !c.fused {
-        return Ok(match &segments {
-            None => naive_attention(p1, p2, info)?,
-            Some(s) => naive_packed_attention(p1, p2, info, s)?,
-        });
-    }
-    c.params.mixer = Mixer::Attention;
-    Ok(fused(p1, p2, info, lambda.detach(), c.params))
+    let reference = |[q, k, v]: [Tensor<4>; 3], segments: Option<&Segments>| match segments {
+        None => naive_attention(q, k, v),
+        Some(s) => naive_packed_attention(q, k, v, s),
+    };
+    without_scalars("flash_attention", Mixer::Attention, x, strategy, reference)
 }
 
 /// Self-Exchange Relation with the fused FlashRelation kernel where available.
