@@ -46,8 +46,8 @@ pub struct CausalSelfAttention {
 impl CausalSelfAttention {
     /// Full-sequence causal forward: on Flex the fused tiled attention
     /// ([`flash_attention`], forward and backward without `T x T` buffers), elsewhere Burn's
-    /// attention (on CubeCL runtimes it is the faster of the two until the fused kernel's half
-    /// precision runs on tile products; `docs/bench/` measures both).
+    /// attention. CubeCL runtimes keep Burn's until the fused kernel is measured there: its
+    /// half precision does not run on tile products yet (`docs/bench/attention.md`).
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
@@ -81,12 +81,13 @@ impl CausalSelfAttention {
     /// document attends only to itself, with RoPE at its own positions.
     ///
     /// On Flex one fused call over the packed row ([`flash_attention`] with the segments, each
-    /// document's key tiles only). Elsewhere Burn's attention in the cheaper of two layouts. When the row splits into
-    /// equal rows of `R` tokens at segment boundaries (the trainer's packed micro-batch: `B`
-    /// rows of `T`), one attention call over `[total / R, H, R, R]` with a mask that keeps each
-    /// query on its own document's keys costs `total · R`; one call per document costs
-    /// `Σ len²` plus a fixed overhead per call, taken as what `12,288` score entries cost (the
-    /// constant below; measured on Flex, `docs/bench/packed.md`).
+    /// document's key tiles only). Elsewhere Burn's attention in the cheaper of two layouts:
+    /// when the row splits into equal rows of `R` tokens at segment boundaries (the trainer's
+    /// packed micro-batch: `B` rows of `T`), one attention call over `[total / R, H, R, R]`
+    /// with a mask that keeps each query on its own document's keys costs `total · R`; one call
+    /// per document costs `Σ len²` plus a fixed overhead per call, taken as what `12,288` score
+    /// entries cost (the constant below; measured with Burn's attention on Flex before Flex
+    /// moved to the fused path, `docs/bench/packed.md`).
     ///
     /// # Shapes
     /// - `x`: `[1, total, d]`, output: `[1, total, d]`
