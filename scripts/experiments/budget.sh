@@ -25,6 +25,11 @@
 # skipped, unfinished ones resumed bit-exactly by the binary that started them (ensure_bin keeps a
 # copy beside the runs). The raw metrics go to docs/results/budget/<budget>/runs/, and `relation
 # report` makes each budget's table and plots from them.
+#
+# Sharing the machine with a run: on Linux with autogroups (the default), `nice` only ranks
+# processes of one session, so a build started from the shell that started the runs outranks a
+# runner under `nice -n 19`. Run other work beside it as `chrt -i 0 COMMAND` (SCHED_IDLE: only
+# the cycles the run leaves), or start the runner at nice 0 from its own session.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
