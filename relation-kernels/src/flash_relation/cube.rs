@@ -146,33 +146,24 @@ fn flash_relation_fwd_kernel<F: Float>(
     }
 
     if in_range {
+        // The row's statistics: attention's `(L, 0, 1)`, or the Relation's `(L, S, g)`.
+        let row = at.base + i * at.row_stride;
+        let mut lse = f32::new(NO_HISTORY_LSE);
+        let mut s = f32::new(0.0);
+        let mut g = f32::new(0.0);
+        let mut inv_l = f32::new(0.0);
         if comptime!(attention) {
-            // `l >= 1`: the row's own key is among its scores. Statistics `(L, 0, 1)`.
-            let row = at.base + i * at.row_stride;
-            let inv_l = 1.0f32 / l;
-            #[unroll]
-            for d in 0..head_dim {
-                let ibar = z[d] * inv_l;
-                y[row + d] = F::cast_from(ibar);
-                if comptime!(save_ibar) {
-                    ibar_out[row + d] = F::cast_from(ibar);
-                }
-            }
-            let srow = (at.rows_base + i * at.heads) * STATS;
-            stats[srow + stat::LSE] = m + l.ln();
-            stats[srow + stat::SELF] = 0.0f32;
-            stats[srow + stat::SHARE] = 1.0f32;
+            // `l >= 1`: the row's own key is among its scores.
+            lse = m + l.ln();
+            g = 1.0f32;
+            inv_l = 1.0f32 / l;
         } else {
-            let row = at.base + i * at.row_stride;
             let mut u_self = f32::new(0.0);
             #[unroll]
             for d in 0..head_dim {
                 u_self += q[d] * f32::cast_from(p2[row + d]);
             }
-            let s = sigmoid(u_self * inv_tau);
-            let mut lse = f32::new(NO_HISTORY_LSE);
-            let mut g = f32::new(0.0);
-            let mut inv_l = f32::new(0.0);
+            s = sigmoid(u_self * inv_tau);
             if i > 0 {
                 lse = m + l.ln();
                 let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
@@ -182,20 +173,24 @@ fn flash_relation_fwd_kernel<F: Float>(
                 }
                 inv_l = 1.0f32 / l;
             }
-            #[unroll]
-            for d in 0..head_dim {
-                let v = f32::cast_from(info[row + d]);
-                let ibar = z[d] * inv_l;
-                y[row + d] = F::cast_from(v + g * (ibar - v));
-                if comptime!(save_ibar) {
-                    ibar_out[row + d] = F::cast_from(ibar);
-                }
-            }
-            let srow = (at.rows_base + i * at.heads) * STATS;
-            stats[srow + stat::LSE] = lse;
-            stats[srow + stat::SELF] = s;
-            stats[srow + stat::SHARE] = g;
         }
+        #[unroll]
+        for d in 0..head_dim {
+            let ibar = z[d] * inv_l;
+            let mut out = ibar; // attention: `Y = Ī`, no value read
+            if comptime!(!attention) {
+                let v = f32::cast_from(info[row + d]);
+                out = v + g * (ibar - v);
+            }
+            y[row + d] = F::cast_from(out);
+            if comptime!(save_ibar) {
+                ibar_out[row + d] = F::cast_from(ibar);
+            }
+        }
+        let srow = (at.rows_base + i * at.heads) * STATS;
+        stats[srow + stat::LSE] = lse;
+        stats[srow + stat::SELF] = s;
+        stats[srow + stat::SHARE] = g;
     }
 }
 
