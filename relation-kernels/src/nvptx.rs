@@ -31,8 +31,9 @@ const H100_SHARED: usize = 227 * 1024;
 /// One kernel compiled to PTX.
 #[derive(Debug, Clone)]
 pub struct PtxKernel {
-    /// Which kernel: `flash_fwd_tiles`, `flash_dq_tiles`, `flash_dkdv_tiles`,
-    /// `linear_chunk_output_tiles` or `linear_chunk_states_tiles`.
+    /// Which kernel: `flash_fwd_tiles`, `flash_dq_tiles`, `flash_dkdv_tiles`, the same three
+    /// for attention (`attention_fwd_tiles`, …), `linear_chunk_output_tiles` or
+    /// `linear_chunk_states_tiles`.
     pub name: &'static str,
     /// The PTX text.
     pub ptx: String,
@@ -43,7 +44,8 @@ pub struct PtxKernel {
     pub shape: (usize, usize),
 }
 
-/// FlashRelation's tiled forward, `dp1` and `dp2`/`dĨ` kernels and the chunked Linear
+/// FlashRelation's tiled forward, `dp1` and `dp2`/`dĨ` kernels (for the Relation and for
+/// attention) and the chunked Linear
 /// Relation's tiled outputs (head dims up to 64: wider ones take its scalar kernel) for inputs of
 /// `dtype` (f16 or bf16) and head dimension `head_dim`, compiled for `sm_<sm>` (e.g. 80, 90) on the matrix units'
 /// path. `device` is any CubeCL device of this build (the kernels are expanded there).
@@ -98,8 +100,34 @@ pub fn flash_tile_kernels(
         });
     }
     let props = std::sync::Arc::new(props);
-    let (dq_def, dkdv_def) =
-        cube_tiles_backward::backward_definitions(&p, &rows, &table, dq, dkdv, props.clone());
+    // FlashRelation's three tile kernels, then the same kernels for attention.
+    let flash = [false, true].into_iter().flat_map(|attention| {
+        let names = if attention {
+            [
+                "attention_fwd_tiles",
+                "attention_dq_tiles",
+                "attention_dkdv_tiles",
+            ]
+        } else {
+            ["flash_fwd_tiles", "flash_dq_tiles", "flash_dkdv_tiles"]
+        };
+        let fwd_def =
+            cube_tiles::forward_definition(&p, &stats, &table, fwd, attention, props.clone());
+        let (dq_def, dkdv_def) = cube_tiles_backward::backward_definitions(
+            &p,
+            &rows,
+            &table,
+            dq,
+            dkdv,
+            attention,
+            props.clone(),
+        );
+        [
+            (names[0], fwd, fwd_def),
+            (names[1], dq, dq_def),
+            (names[2], dkdv, dkdv_def),
+        ]
+    });
     // The chunked Linear Relation's two tiled passes, chunks of 64 (the GPU check's), for the
     // head dimensions that take them (up to 64; wider ones take the scalar kernels).
     let chunk = 64;
@@ -141,17 +169,7 @@ pub fn flash_tile_kernels(
     ]
     .into_iter()
     .flatten();
-    let definitions = [
-        (
-            "flash_fwd_tiles",
-            fwd,
-            cube_tiles::forward_definition(&p, &stats, &table, fwd, props),
-        ),
-        ("flash_dq_tiles", dq, dq_def),
-        ("flash_dkdv_tiles", dkdv, dkdv_def),
-    ]
-    .into_iter()
-    .chain(linear);
+    let definitions = flash.chain(linear);
     let options = CudaCompilationOptions {
         arch: Some(SmArch::new(sm, true)),
         ..Default::default()

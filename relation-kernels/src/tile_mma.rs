@@ -78,6 +78,86 @@ pub(crate) fn tile_path(client: &cubecl::client::Client, dtype: DType) -> TilePa
     }
 }
 
+/// Block and tile sizes of one tiled launch, from the device's limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TileShape {
+    /// Units per plane (the plane size where the runtime has planes).
+    pub lanes: usize,
+    /// Planes per cube; the query block is `16 · planes` rows.
+    pub planes: usize,
+    /// Key rows per shared-memory tile (a multiple of 16).
+    pub block_k: usize,
+    /// The head dimension rounded up to 16.
+    pub padded: usize,
+}
+
+impl TileShape {
+    /// The largest block (up to 4 planes) and key tile (up to 64 rows) whose shared memory fits
+    /// the device, for head dimension `head_dim` in a dtype of `elem_bytes` bytes; `bytes` gives
+    /// a kernel's shared memory for `(rows, block_k, padded, elem_bytes)`.
+    pub fn new(
+        client: &cubecl::client::Client,
+        head_dim: usize,
+        elem_bytes: usize,
+        bytes: impl Fn(usize, usize, usize, usize) -> usize,
+    ) -> Self {
+        let hardware = &client.properties().hardware;
+        let shape = Self::for_limits(
+            hardware.plane_size_max as usize,
+            hardware.max_units_per_cube as usize,
+            hardware.max_shared_memory_size,
+            head_dim,
+            elem_bytes,
+            bytes,
+        );
+        tracing::trace!(head_dim, ?shape, "cube tile shape");
+        shape
+    }
+
+    /// [`new`](Self::new) for a device with planes of `plane_size` units, at most `max_units`
+    /// units per cube and `max_shared` bytes of shared memory per cube.
+    pub fn for_limits(
+        plane_size: usize,
+        max_units: usize,
+        max_shared: usize,
+        head_dim: usize,
+        elem_bytes: usize,
+        bytes: impl Fn(usize, usize, usize, usize) -> usize,
+    ) -> Self {
+        let lanes = plane_size.clamp(1, 32);
+        let max_units = max_units.max(1);
+        let padded = head_dim.next_multiple_of(TILE);
+        // Leave room for the runtime's own reservations.
+        let budget = max_shared.saturating_sub(1024);
+        let mut best = None;
+        'search: for planes in (1..=4usize).rev() {
+            if planes > 1 && lanes * planes > max_units {
+                continue;
+            }
+            for block_k in [64usize, 32, 16] {
+                if bytes(planes * TILE, block_k, padded, elem_bytes) <= budget {
+                    best = Some((planes, block_k));
+                    break 'search;
+                }
+            }
+        }
+        // A device too small for even one plane and 16 keys takes that shape anyway and fails
+        // at launch with the runtime's own message (no CubeCL runtime has less than 16 KiB).
+        let (planes, block_k) = best.unwrap_or((1, TILE));
+        Self {
+            lanes: lanes.min(max_units),
+            planes,
+            block_k,
+            padded,
+        }
+    }
+
+    /// Query rows per cube.
+    pub fn block_q(&self) -> usize {
+        self.planes * TILE
+    }
+}
+
 /// `C += A · B` for one 16 x 16 tile (layouts in the module's documentation), called by every
 /// unit of one plane: `lane` is the unit's index in it and `lanes` their number (the emulated
 /// path spreads the 256 outputs over them; the matrix units' path needs the whole plane).

@@ -2,6 +2,7 @@
 //! materialized reference `relation_core::naive_attention` on Flex in f32: outputs and the
 //! gradients of `Q`, `K`, `V`, over awkward shapes, f32, f16 and bf16, packed documents with
 //! uneven lengths, huge scores, NaN-poisoned outputs; causality, the first row, packed == alone.
+//! On CubeCL runtimes f16 and bf16 run the tile-product kernels, f32 the row-per-unit ones.
 
 use burn::tensor::{DType, Device, Tensor, TensorData};
 use relation_core::testing::{Check, assert_close, tolerance, uniform};
@@ -137,6 +138,19 @@ device_tests! {
         );
         check(&device, [1, 63, 2, 64], DType::F16, 65, 1.0);
         check(&device, [2, 130, 1, 80], DType::F16, 66, 1.0);
+    }
+}
+
+device_tests! {
+    fn flash_attention_f16_tile_shapes(device) {
+        // Half precision runs on tile products on CubeCL runtimes (the Relation's shapes): head
+        // dimensions padded to 16 (60 -> 64, 100 -> 112, 8 -> 16), T = 1, T = 1000 (many key
+        // tiles, the diagonal in every position of one), raw scores of |U| ~ 1e3.
+        check(&device, [2, 1, 3, 60], DType::F16, 90, 1.0);
+        check(&device, [1, 1000, 1, 60], DType::F16, 91, 1.0);
+        check(&device, [2, 97, 1, 100], DType::F16, 92, 1.0);
+        check(&device, [1, 70, 4, 8], DType::F16, 93, 1.0);
+        check(&device, [1, 257, 2, 64], DType::F16, 94, 30.0);
     }
 }
 

@@ -220,10 +220,8 @@ fn launch_forward(
         into_contiguous(info),
         into_contiguous(lambda),
     );
-    let attention = params.mixer == Mixer::Attention;
-    if matches!(p1.dtype, DType::F16 | DType::BF16) && !attention {
-        // Half precision runs on tile products: the matrix units where the runtime has them
-        // (attention's rows, not yet: they run below, reading `F` and summing in f32).
+    if matches!(p1.dtype, DType::F16 | DType::BF16) {
+        // Half precision runs on tile products: the matrix units where the runtime has them.
         let (y, ibar, stats) =
             super::cube_tiles::launch((p1, p2, info, lambda), &params, save_ibar);
         return Forward { y, ibar, stats };
@@ -272,7 +270,7 @@ fn launch_forward(
         tiling.block_k,
         save_ibar,
         mixer == Mixer::ExchangeOnly,
-        attention,
+        mixer == Mixer::Attention,
         dtype_to_storage_type(dtype),
     );
     Forward { y, ibar, stats }

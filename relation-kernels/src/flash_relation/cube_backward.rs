@@ -68,7 +68,13 @@ fn flash_relation_prepass_kernel<F: Float>(
 /// `dU = pi (dP + offset) E'(U)` (`offset = dA - D`), with `E = SiLU(U)` for the Relation and
 /// `E = U` for attention.
 #[cube]
-fn score_grad(u: f32, dp: f32, lse: f32, offset: f32, #[comptime] attention: bool) -> (f32, f32) {
+pub(super) fn score_grad(
+    u: f32,
+    dp: f32,
+    lse: f32,
+    offset: f32,
+    #[comptime] attention: bool,
+) -> (f32, f32) {
     if comptime!(attention) {
         let pi = (u - lse).exp();
         (pi, pi * (dp + offset))
@@ -369,8 +375,8 @@ fn launch_backward(args: FlashArgs<CubeTensor>, saved: FlashSaved<CubeTensor>) -
         dtype,
     );
 
-    if matches!(p1.dtype, DType::F16 | DType::BF16) && !attention {
-        // Half precision runs on tile products, as the forward does (attention: not yet).
+    if matches!(p1.dtype, DType::F16 | DType::BF16) {
+        // Half precision runs on tile products, as the forward does.
         let (dp1, dp2, dinfo) =
             super::cube_tiles_backward::launch((p1, p2, info, dy), &rows, &params);
         return Gradients {

@@ -16,6 +16,8 @@
 //!
 //! then the Self merge, `Y`, `Ī` and the statistics exactly as in the row kernel (`L = m + log l`,
 //! `S = sigmoid(U_ii / tau)`, `g = sigmoid(L - λ log i - S)`; row 1 pure Self).
+//! Attention (`Mixer::Attention`) is the same kernel with `E = S / sqrt(D)` over `j <= i`, the
+//! running max starting at the lowest f32, `Y = Ī` and the statistics `(L, 0, 1)`.
 //!
 //! # Shared memory
 //!
@@ -34,95 +36,15 @@
 use burn::backend::cubecl::dtype_to_storage_type;
 use burn::tensor::{DType, Shape};
 use burn_cubecl::tensor::CubeTensor;
-use cubecl::client::Client;
 use cubecl::prelude::*;
 
 use super::{NO_HISTORY_LSE, STATS, stat};
 use crate::cube::{
-    SeqTile, SequenceTiles, empty_like, empty_like_dtype, history_blocks, seq_tile, sigmoid,
+    SeqTile, SequenceTiles, empty_like, empty_like_dtype, key_blocks, seq_tile, sigmoid,
 };
 use crate::ops::{FlashParams, Mixer};
-use crate::tile_mma::{TILE, TilePath, tile_path, tile_product};
-
-/// Block and tile sizes of one tiled launch, from the device's limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TileShape {
-    /// Units per plane (the plane size where the runtime has planes).
-    pub lanes: usize,
-    /// Planes per cube; the query block is `16 · planes` rows.
-    pub planes: usize,
-    /// Key rows per shared-memory tile (a multiple of 16).
-    pub block_k: usize,
-    /// The head dimension rounded up to 16.
-    pub padded: usize,
-}
-
-impl TileShape {
-    /// The largest block (up to 4 planes) and key tile (up to 64 rows) whose shared memory fits
-    /// the device, for head dimension `head_dim` in a dtype of `elem_bytes` bytes; `bytes` gives
-    /// a kernel's shared memory for `(rows, block_k, padded, elem_bytes)`.
-    pub fn new(
-        client: &Client,
-        head_dim: usize,
-        elem_bytes: usize,
-        bytes: impl Fn(usize, usize, usize, usize) -> usize,
-    ) -> Self {
-        let hardware = &client.properties().hardware;
-        let shape = Self::for_limits(
-            hardware.plane_size_max as usize,
-            hardware.max_units_per_cube as usize,
-            hardware.max_shared_memory_size,
-            head_dim,
-            elem_bytes,
-            bytes,
-        );
-        tracing::trace!(head_dim, ?shape, "cube tile shape");
-        shape
-    }
-
-    /// [`new`](Self::new) for a device with planes of `plane_size` units, at most `max_units`
-    /// units per cube and `max_shared` bytes of shared memory per cube.
-    pub fn for_limits(
-        plane_size: usize,
-        max_units: usize,
-        max_shared: usize,
-        head_dim: usize,
-        elem_bytes: usize,
-        bytes: impl Fn(usize, usize, usize, usize) -> usize,
-    ) -> Self {
-        let lanes = plane_size.clamp(1, 32);
-        let max_units = max_units.max(1);
-        let padded = head_dim.next_multiple_of(TILE);
-        // Leave room for the runtime's own reservations.
-        let budget = max_shared.saturating_sub(1024);
-        let mut best = None;
-        'search: for planes in (1..=4usize).rev() {
-            if planes > 1 && lanes * planes > max_units {
-                continue;
-            }
-            for block_k in [64usize, 32, 16] {
-                if bytes(planes * TILE, block_k, padded, elem_bytes) <= budget {
-                    best = Some((planes, block_k));
-                    break 'search;
-                }
-            }
-        }
-        // A device too small for even one plane and 16 keys takes that shape anyway and fails
-        // at launch with the runtime's own message (no CubeCL runtime has less than 16 KiB).
-        let (planes, block_k) = best.unwrap_or((1, TILE));
-        Self {
-            lanes: lanes.min(max_units),
-            planes,
-            block_k,
-            padded,
-        }
-    }
-
-    /// Query rows per cube.
-    pub fn block_q(&self) -> usize {
-        self.planes * TILE
-    }
-}
+pub(crate) use crate::tile_mma::TileShape;
+use crate::tile_mma::{TilePath, tile_path, tile_product};
 
 /// Shared memory of one forward cube with `rows` query rows, key tiles of `block_k` rows and
 /// `padded` columns, in a dtype of `elem_bytes` bytes (the layout in the module's documentation).
@@ -301,6 +223,7 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
     #[comptime] block_k: usize,
     #[comptime] save_ibar: bool,
     #[comptime] exchange_only: bool,
+    #[comptime] attention: bool,
     #[comptime] matrix_units: bool,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -341,15 +264,19 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
     }
     let mut r = unit;
     while r < block_q {
-        // SiLU >= -0.2785: a running max starting at 0 keeps every exponent <= 0.28.
+        // SiLU >= -0.2785: a running max starting at 0 keeps every exponent <= 0.28. Attention's
+        // raw scores have no lower bound: its max starts at the lowest f32.
         m_s[r] = 0.0f32;
+        if comptime!(attention) {
+            m_s[r] = f32::new(f32::MIN);
+        }
         l_s[r] = 0.0f32;
         r += units;
     }
 
     let q_start = plane * 16 * padded;
     let s_start = plane * 16 * block_k;
-    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
+    let num_blocks = key_blocks(at.first, block_q, at.seq, block_k, attention);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
         load_pair::<F>(
@@ -377,13 +304,18 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
         );
         sync_cube();
 
-        // The online softmax over the history j < i of each row (one unit per row).
+        // The online softmax over the history j < i of each row (attention: j <= i), one unit
+        // per row.
         let mut r = unit;
         while r < block_q {
             let i = at.first + r;
+            let mut reach = i; // keys j < reach
+            if attention {
+                reach += 1;
+            }
             let mut count = 0usize;
-            if i > j0 && i < at.seq {
-                count = i - j0;
+            if reach > j0 && i < at.seq {
+                count = reach - j0;
                 if count > block_k {
                     count = block_k;
                 }
@@ -391,9 +323,12 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
             let m_old = m_s[r];
             let mut m_new = m_old;
             for c in 0..count {
-                // E = SiLU(U), written over the score for the pass below.
+                // E = SiLU(U) (attention: E = U), written over the score for the pass below.
                 let u = s_s[r * block_k + c] * scale;
-                let e = u * sigmoid(u);
+                let mut e = u;
+                if comptime!(!attention) {
+                    e = u * sigmoid(u);
+                }
                 s_s[r * block_k + c] = e;
                 if e > m_new {
                     m_new = e;
@@ -440,36 +375,50 @@ fn flash_relation_fwd_tiles_kernel<F: Float>(
         sync_cube();
     }
 
-    // The Self merge and the outputs, one unit per row.
+    // The Self merge and the outputs, one unit per row: attention's statistics `(L, 0, 1)`
+    // and `Y = Ī`, the Relation's `(L, S, g)`.
     let mut r = unit;
     while r < block_q {
         let i = at.first + r;
         if i < at.seq {
             let row = at.base + i * at.row_stride;
-            let mut u_self = f32::new(0.0);
-            #[unroll]
-            for d in 0..head_dim {
-                u_self += f32::cast_from(p1[row + d]) * f32::cast_from(p2[row + d]);
-            }
-            let s = sigmoid(u_self * scale * inv_tau);
             let mut lse = f32::new(NO_HISTORY_LSE);
+            let mut s = f32::new(0.0);
             let mut g = f32::new(0.0);
             let mut inv_l = f32::new(0.0);
-            if i > 0 {
+            if comptime!(attention) {
+                // `l >= 1`: the row's own key is among its scores.
                 let l = l_s[r];
                 lse = m_s[r] + l.ln();
-                let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
-                g = sigmoid(log_mass - s);
-                if comptime!(exchange_only) {
-                    g = 1.0f32;
-                }
+                g = 1.0f32;
                 inv_l = 1.0f32 / l;
+            } else {
+                let mut u_self = f32::new(0.0);
+                #[unroll]
+                for d in 0..head_dim {
+                    u_self += f32::cast_from(p1[row + d]) * f32::cast_from(p2[row + d]);
+                }
+                s = sigmoid(u_self * scale * inv_tau);
+                if i > 0 {
+                    let l = l_s[r];
+                    lse = m_s[r] + l.ln();
+                    let log_mass = lse - f32::cast_from(lambda[0]) * f32::cast_from(i + 1).ln();
+                    g = sigmoid(log_mass - s);
+                    if comptime!(exchange_only) {
+                        g = 1.0f32;
+                    }
+                    inv_l = 1.0f32 / l;
+                }
             }
             #[unroll]
             for d in 0..head_dim {
-                let v = f32::cast_from(info[row + d]);
                 let ibar = o_s[r * padded + d] * inv_l;
-                y[row + d] = F::cast_from(v + g * (ibar - v));
+                let mut out = ibar;
+                if comptime!(!attention) {
+                    let v = f32::cast_from(info[row + d]);
+                    out = v + g * (ibar - v);
+                }
+                y[row + d] = F::cast_from(out);
                 if comptime!(save_ibar) {
                     ibar_out[row + d] = F::cast_from(ibar);
                 }
@@ -531,6 +480,7 @@ pub(super) fn launch(
         shape.block_k,
         save_ibar,
         params.mixer == Mixer::ExchangeOnly,
+        params.mixer == Mixer::Attention,
         path == TilePath::MatrixUnits,
         dtype_to_storage_type(dtype),
     );
@@ -546,6 +496,7 @@ pub(crate) fn forward_definition(
     stats: &CubeTensor,
     table: &CubeTensor,
     shape: TileShape,
+    attention: bool,
     props: std::sync::Arc<cubecl::ir::DeviceProperties>,
 ) -> cubecl::prelude::KernelDefinition {
     use cubecl::prelude::CubeKernel;
@@ -572,6 +523,7 @@ pub(crate) fn forward_definition(
         shape.block_k,
         true,
         false,
+        attention,
         true,
         dtype_to_storage_type(p.dtype),
     )

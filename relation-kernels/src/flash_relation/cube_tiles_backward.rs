@@ -25,6 +25,9 @@
 //! dĨ = acc_v + (1 - g) dY,   dp2 = (acc_k + dU_jj p1_j) / sqrt D
 //! ```
 //!
+//! Attention (`Mixer::Attention`) takes `E = U` in `π` and `dU` and its own key `j = i` as an
+//! ordinary one (`j <= i`); its saved statistics `(L, 0, 1)` make every Self and gate term zero.
+//!
 //! `dĪ_i = g_i dY_i` is staged in the input dtype (one rounding, as the forward's `π`). Every
 //! output row is written by the one cube that owns it: no atomics, deterministic.
 
@@ -33,11 +36,11 @@ use burn::tensor::DType;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::prelude::*;
 
-use super::cube_backward::{ROW_D, ROW_DA, ROWS};
+use super::cube_backward::{ROW_D, ROW_DA, ROWS, score_grad};
 use super::cube_tiles::{TileShape, load_padded, load_pair, times, times_transposed};
 use super::stat;
-use crate::cube::{SeqTile, SequenceTiles, empty_like, history_blocks, seq_tile, sigmoid};
-use crate::ops::FlashParams;
+use crate::cube::{SeqTile, SequenceTiles, empty_like, key_blocks, seq_tile};
+use crate::ops::{FlashParams, Mixer};
 use crate::tile_mma::{TilePath, tile_path};
 
 /// Copies `dĪ_i = g_i dY_i` for rows `first .. first + rows` of one head into `tile` (`rows x
@@ -87,27 +90,6 @@ fn load_dibar<F: Float>(
     }
 }
 
-/// One score's weight and gradient.
-#[derive(CubeType, Clone, Copy)]
-struct ScoreGrad {
-    /// `π = e^{SiLU(u) - L}`.
-    pi: f32,
-    /// `dU = π (dP + offset) SiLU'(u)`.
-    du: f32,
-}
-
-/// [`ScoreGrad`] of the raw score `s` (`u = s · scale`).
-#[cube]
-fn score_grad(s: f32, dp: f32, lse: f32, offset: f32, scale: f32) -> ScoreGrad {
-    let u = s * scale;
-    let sg = sigmoid(u);
-    let pi = (u * sg - lse).exp();
-    ScoreGrad {
-        pi,
-        du: pi * (dp + offset) * sg * (1.0f32 + u * (1.0f32 - sg)),
-    }
-}
-
 #[cube(launch, create_dummy_kernel)]
 #[allow(clippy::too_many_arguments)]
 fn flash_relation_dq_tiles_kernel<F: Float>(
@@ -124,6 +106,7 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
     #[comptime] padded: usize,
     #[comptime] planes: usize,
     #[comptime] block_k: usize,
+    #[comptime] attention: bool,
     #[comptime] matrix_units: bool,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -168,7 +151,7 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
 
     let q_start = plane * 16 * padded;
     let s_start = plane * 16 * block_k;
-    let num_blocks = history_blocks(at.first, block_q, at.seq, block_k);
+    let num_blocks = key_blocks(at.first, block_q, at.seq, block_k, attention);
     for kb in 0..num_blocks {
         let j0 = kb * block_k;
         load_pair::<F>(
@@ -213,9 +196,13 @@ fn flash_relation_dq_tiles_kernel<F: Float>(
             let r = e / block_k;
             let j = j0 + e % block_k;
             let i = at.first + r;
+            let mut reach = i; // keys j < reach
+            if attention {
+                reach += 1;
+            }
             let mut du = f32::new(0.0);
-            if j < i && i < at.seq {
-                du = score_grad(s_s[e], dp_s[e], lse_s[r], off_s[r], scale).du;
+            if j < reach && i < at.seq {
+                du = score_grad(s_s[e] * scale, dp_s[e], lse_s[r], off_s[r], attention).1;
             }
             du_s[e] = F::cast_from(du);
             e += units;
@@ -273,6 +260,7 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
     #[comptime] padded: usize,
     #[comptime] planes: usize,
     #[comptime] block_q: usize,
+    #[comptime] attention: bool,
     #[comptime] matrix_units: bool,
     #[define(F)] _dtype: ElemType,
 ) {
@@ -309,9 +297,13 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
 
     let k_start = plane * 16 * padded;
     let s_start = plane * 16 * block_q;
-    // Query tiles holding some i > j for the cube's keys, to the sequence's end (none for an
-    // empty sequence, a cube past the table's end).
-    let first_tile = (at.first + 1) / block_q;
+    // Query tiles holding some i > j (attention: i >= j) for the cube's keys, to the sequence's
+    // end (none for an empty sequence, a cube past the table's end).
+    let mut first_query = at.first + 1;
+    if attention {
+        first_query = at.first;
+    }
+    let first_tile = first_query / block_q;
     let num_tiles = at.seq.div_ceil(block_q);
     for qt in first_tile..num_tiles {
         let i0 = qt * block_q;
@@ -369,12 +361,16 @@ fn flash_relation_dkdv_tiles_kernel<F: Float>(
             let c = e % block_q;
             let j = at.first + e / block_q;
             let i = i0 + c;
+            let mut reach = i; // keys j < reach
+            if attention {
+                reach += 1;
+            }
             let mut pi = f32::new(0.0);
             let mut du = f32::new(0.0);
-            if j < i && i < at.seq {
-                let grad = score_grad(st_s[e], dpt_s[e], lse_s[c], off_s[c], scale);
-                pi = grad.pi;
-                du = grad.du;
+            if j < reach && i < at.seq {
+                let grad = score_grad(st_s[e] * scale, dpt_s[e], lse_s[c], off_s[c], attention);
+                pi = grad.0;
+                du = grad.1;
             }
             pit_s[e] = F::cast_from(pi);
             dut_s[e] = F::cast_from(du);
@@ -482,6 +478,7 @@ pub(super) fn launch(
         shape.padded,
         shape.planes,
         shape.block_k,
+        params.mixer == Mixer::Attention,
         matrix_units,
         storage,
     );
@@ -508,6 +505,7 @@ pub(super) fn launch(
         shape.padded,
         shape.planes,
         shape.block_k,
+        params.mixer == Mixer::Attention,
         matrix_units,
         storage,
     );
@@ -523,6 +521,7 @@ pub(crate) fn backward_definitions(
     table: &CubeTensor,
     dq: TileShape,
     dkdv: TileShape,
+    attention: bool,
     props: std::sync::Arc<cubecl::ir::DeviceProperties>,
 ) -> (
     cubecl::prelude::KernelDefinition,
@@ -550,6 +549,7 @@ pub(crate) fn backward_definitions(
         dq.padded,
         dq.planes,
         dq.block_k,
+        attention,
         true,
         storage,
     )
@@ -573,6 +573,7 @@ pub(crate) fn backward_definitions(
         dkdv.padded,
         dkdv.planes,
         dkdv.block_k,
+        attention,
         true,
         storage,
     )

@@ -46,8 +46,8 @@ pub struct CausalSelfAttention {
 impl CausalSelfAttention {
     /// Full-sequence causal forward: on Flex the fused tiled attention
     /// ([`flash_attention`], forward and backward without `T x T` buffers), elsewhere Burn's
-    /// attention. CubeCL runtimes keep Burn's until the fused kernel is measured there: its
-    /// half precision does not run on tile products yet (`docs/bench/attention.md`).
+    /// attention. CubeCL runtimes keep Burn's until the fused kernel (its half precision on
+    /// tile products) is measured against it on a GPU (`docs/bench/attention.md`).
     ///
     /// # Shapes
     /// - `x`: `[B, T, d]`, output: `[B, T, d]`
