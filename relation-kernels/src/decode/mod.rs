@@ -242,7 +242,7 @@ impl Step {
 }
 
 /// The checks and the choice of path.
-fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Step, strategy: Strategy) -> Result<Tensor<4>> {
+fn decode(p1: Tensor<4>, cache: CachedRows, step: Step, strategy: Strategy) -> Result<Tensor<4>> {
     let CachedRows { p2, info, lens } = cache;
     let rows = check::bthd("p2", &p2)?;
     check::same_bthd("info", &info, "p2", &rows)?;
@@ -297,7 +297,7 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Step, strategy: Strategy) -> 
         let reference = |b0: usize, n: usize, len: usize| {
             let rows = |t: &Tensor<4>| t.clone().narrow(0, b0, n).narrow(1, 0, len).cast(dtype);
             let p1 = p1.clone().narrow(0, b0, n);
-            match &mixer {
+            match &step {
                 Step::ExchangeOnly => naive_exchange_only_rows(p1, rows(&p2), rows(&info)),
                 Step::Attention => naive_attention_rows(p1, rows(&p2), rows(&info)),
                 Step::Relation { lambda, tau_s } => {
@@ -316,8 +316,8 @@ fn decode(p1: Tensor<4>, cache: CachedRows, mixer: Step, strategy: Strategy) -> 
     #[cfg(any(feature = "flex", feature = "cube"))]
     {
         use burn::backend::Dispatch;
-        let kind = mixer.kind();
-        let (lambda, tau_s) = match mixer {
+        let kind = step.kind();
+        let (lambda, tau_s) = match step {
             Step::Relation { lambda, tau_s } => (lambda, tau_s),
             // Unused by the others; any valid scalars.
             Step::ExchangeOnly | Step::Attention => (Tensor::zeros([1], &p1.device()), 1.0),

@@ -34,14 +34,27 @@ use crate::sequence::sequences;
 
 use super::flex::{BLOCK_K, BLOCK_Q, Head, ROW_LANES, diagonal, first_row, head_t, scores};
 
-/// The Exchange part of one backward tile row, in place over its first `valid` entries (of
-/// `BLOCK_K`): `U` becomes `dU = dE SiLU'(U)` with `dE = pi (dP - D + dA)`, and `dP` becomes
-/// `pi = e^{SiLU(U) - L}` (`shift = dA - D`, `lse = L`).
-///
-/// In whole [`ROW_LANES`]-wide vectors up to `valid` rounded up, like `silu_max` (`flex.rs`): on a
-/// diagonal tile every row's `valid` differs, and the loop cut at `valid` spent a scalar tail
-/// per row. The entries past `valid` are computed from whatever the tile holds there and must
-/// be overwritten by the caller (it writes the Self term and the mask's zeros).
+/// Applies `f` to the pairs `(U, dP)` of one backward tile row, in whole [`ROW_LANES`]-wide
+/// vectors up to `valid` rounded up, like `silu_max` (`flex.rs`): on a diagonal tile every row's
+/// `valid` differs, and a loop cut at `valid` spent a scalar tail per row. The entries past
+/// `valid` are computed from whatever the tile holds there and must be overwritten by the
+/// caller (with the Self term and the mask's zeros).
+#[inline(always)]
+fn tile_row(u_row: &mut [f32], p_row: &mut [f32], valid: usize, f: impl Fn(&mut f32, &mut f32)) {
+    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
+    for (u, p) in u_row[..whole]
+        .chunks_exact_mut(ROW_LANES)
+        .zip(p_row[..whole].chunks_exact_mut(ROW_LANES))
+    {
+        for (x, p) in u.iter_mut().zip(p) {
+            f(x, p);
+        }
+    }
+}
+
+/// The Exchange part of one backward tile row ([`tile_row`]): `U` becomes `dU = dE SiLU'(U)`
+/// with `dE = pi (dP - D + dA)`, and `dP` becomes `pi = e^{SiLU(U) - L}` (`shift = dA - D`,
+/// `lse = L`).
 #[inline(always)]
 fn exchange_grad<M: MulAdd>(
     u_row: &mut [f32],
@@ -50,23 +63,17 @@ fn exchange_grad<M: MulAdd>(
     lse: f32,
     shift: f32,
 ) {
-    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
-    for (u, p) in u_row[..whole]
-        .chunks_exact_mut(ROW_LANES)
-        .zip(p_row[..whole].chunks_exact_mut(ROW_LANES))
-    {
-        for (x, p) in u.iter_mut().zip(p) {
-            let sg = sigmoid::<M>(*x);
-            let pi = exp::<M>(M::mul_add(*x, sg, -lse)); // e^{SiLU(U) - L}
-            let d_e = pi * (*p + shift);
-            *x = d_e * sg * M::mul_add(*x, 1.0 - sg, 1.0); // dU = dE SiLU'(U)
-            *p = pi;
-        }
-    }
+    tile_row(u_row, p_row, valid, |x, p| {
+        let sg = sigmoid::<M>(*x);
+        let pi = exp::<M>(M::mul_add(*x, sg, -lse)); // e^{SiLU(U) - L}
+        let d_e = pi * (*p + shift);
+        *x = d_e * sg * M::mul_add(*x, 1.0 - sg, 1.0); // dU = dE SiLU'(U)
+        *p = pi;
+    });
 }
 
-/// Attention's backward tile row, in place over its first `valid` entries (as
-/// [`exchange_grad`]): `U` becomes `dU = pi (dP - D)`, `dP` becomes `pi = e^{U - L}`.
+/// Attention's backward tile row ([`tile_row`]): `U` becomes `dU = pi (dP - D)`, `dP` becomes
+/// `pi = e^{U - L}`.
 #[inline(always)]
 fn attention_grad<M: MulAdd>(
     u_row: &mut [f32],
@@ -75,17 +82,11 @@ fn attention_grad<M: MulAdd>(
     lse: f32,
     shift: f32,
 ) {
-    let whole = valid.div_ceil(ROW_LANES) * ROW_LANES;
-    for (u, p) in u_row[..whole]
-        .chunks_exact_mut(ROW_LANES)
-        .zip(p_row[..whole].chunks_exact_mut(ROW_LANES))
-    {
-        for (x, p) in u.iter_mut().zip(p) {
-            let pi = exp::<M>(*x - lse);
-            *x = pi * (*p + shift);
-            *p = pi;
-        }
-    }
+    tile_row(u_row, p_row, valid, |x, p| {
+        let pi = exp::<M>(*x - lse);
+        *x = pi * (*p + shift);
+        *p = pi;
+    });
 }
 
 /// How many rows ahead the backward's prepass asks for its inputs ([`prefetch`]).

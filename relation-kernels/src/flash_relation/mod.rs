@@ -197,8 +197,8 @@ fn without_scalars(
 /// queries, `x.p2` the keys (both after RoPE), `x.info` the values.
 ///
 /// The same kernels as [`flash_relation`] with raw scores, the softmax over `j <= i` and no
-/// Self term (forward and backward, Flex and CubeCL; on CubeCL f16/bf16 run the row-per-unit
-/// kernels, not the tile products); elsewhere (or with [`Strategy::Reference`])
+/// Self term (forward and backward, Flex and CubeCL; on CubeCL f16/bf16 run the tile-product
+/// kernels, f32 the row-per-unit ones); elsewhere (or with [`Strategy::Reference`])
 /// `relation_core::naive_attention` (packed: `naive_packed_attention`).
 ///
 /// # Shapes
