@@ -59,11 +59,15 @@ ON_FINISH=commit_finished_run
 for BUDGET in $BUDGETS; do
   # The 3.7M backbone unless the budget names another shape.
   PRESET=cpu
+  CURVE=() # seeds.md's curve columns: every evaluation unless the budget names some
   SHAPE=(--n-layers 4 --d-model 256 --d-ff 512 --seq-len 256 --batch-size 16)
   case "$BUDGET" in
     2m) STEPS=500; EVAL=50; DEFAULT_SEEDS="0 1" ;;
     8m) STEPS=2000; EVAL=100; DEFAULT_SEEDS="0 1 2" ;;
-    32m) STEPS=8000; EVAL=400; DEFAULT_SEEDS="0 1" ;;
+    32m)
+      STEPS=8000; EVAL=400; DEFAULT_SEEDS="0 1"
+      CURVE=(--curve-steps 400,800,1200,2000,2800,4000,4800,5600,6400,6800,7200,7600,8000)
+      ;;
     10m-8m)
       STEPS=2000; EVAL=100; DEFAULT_SEEDS="0"; PRESET=10m
       SHAPE=(--n-layers 6 --d-model 384 --d-ff 768 --seq-len 1024 --batch-size 4)
@@ -91,7 +95,7 @@ for BUDGET in $BUDGETS; do
     SEEDS="$seed" VARIANTS="$variants" run_grid
   done
   collect_raw "$RAW"
-  [ -d "$RAW" ] && "$BIN" report "$RAW" --out "docs/results/budget/$BUDGET"
+  [ -d "$RAW" ] && "$BIN" report "$RAW" --out "docs/results/budget/$BUDGET" "${CURVE[@]}"
 done
 
 # Every variant's paired difference to A against the budget (budget.md, budget.png), over the
